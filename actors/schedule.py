@@ -1,0 +1,167 @@
+"""The timing rules of lock renewal, as pure functions.
+
+Three windows, all in milliseconds:
+
+- ``lock_duration``: the lock's TTL (default 30000);
+- ``lock_renew_time``: how often each lock is renewed at the latest
+  (default ``lock_duration // 2``);
+- the timer interval and the due threshold, both ``lock_renew_time // 2``.
+
+A job is due when ``ts + threshold < now``, strictly. With interval equal to
+threshold, a job is renewed every one or two ticks, so it waits at most
+``lock_renew_time`` (plus one tick's delay) between renewals, well inside its
+``lock_duration``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+__all__ = [
+    "DEFAULT_LOCK_DURATION",
+    "Stamped",
+    "Timing",
+    "due_ids",
+    "next_deadline",
+    "positive_int",
+    "select_due",
+]
+
+#: Default lock TTL, in milliseconds, as every EchoMQ and BullMQ runtime uses.
+DEFAULT_LOCK_DURATION = 30000
+
+
+def positive_int(value: object, argument: str) -> int:
+    """Return ``value`` if it is a positive ``int``.
+
+    Raises:
+        TypeError: ``value`` is not an ``int`` (``bool`` included).
+        ValueError: ``value`` is zero or negative.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{argument} must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{argument} must be positive, got {value}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """The three windows of one manager, validated.
+
+    Args:
+        lock_duration: The lock TTL in milliseconds.
+        lock_renew_time: Longest time between two renewals of one lock, in
+            milliseconds; ``lock_duration // 2`` when ``None``.
+
+    Raises:
+        TypeError: A duration is not an ``int``.
+        ValueError: A duration is not positive, ``lock_renew_time`` is not
+            below ``lock_duration``, or the timer interval
+            (``lock_renew_time // 2``) would be under 1 ms.
+    """
+
+    #: The lock TTL, in milliseconds.
+    lock_duration: int = DEFAULT_LOCK_DURATION
+    #: Longest time between two renewals of one lock, in milliseconds.
+    lock_renew_time: int | None = None
+
+    def __post_init__(self) -> None:
+        duration = positive_int(self.lock_duration, "lock_duration")
+        renew = self.lock_renew_time
+        if renew is None:
+            renew = duration // 2
+            if renew < 2:
+                raise ValueError(
+                    f"lock_duration must be at least 4 ms (the timer interval is "
+                    f"lock_duration // 4), got {duration}"
+                )
+            object.__setattr__(self, "lock_renew_time", renew)
+        positive_int(renew, "lock_renew_time")
+        if renew >= duration:
+            raise ValueError(
+                f"lock_renew_time must be below lock_duration ({duration}), got {renew}"
+            )
+        if renew // 2 < 1:
+            raise ValueError(
+                f"lock_renew_time must be at least 2 ms (the timer interval is "
+                f"lock_renew_time // 2), got {renew}"
+            )
+
+    @property
+    def renew_time(self) -> int:
+        """``lock_renew_time`` resolved, in milliseconds."""
+        assert self.lock_renew_time is not None
+        return self.lock_renew_time
+
+    @property
+    def interval(self) -> int:
+        """Time between two ticks of the timer, in milliseconds."""
+        return self.renew_time // 2
+
+    @property
+    def threshold(self) -> int:
+        """Age of a renewal after which a job is due again, in milliseconds."""
+        return self.renew_time // 2
+
+    @property
+    def worst_gap(self) -> int:
+        """Longest time between two renewal attempts of a job, in milliseconds.
+
+        A job renewed just after a tick is not due at the next tick (the
+        comparison is strict) but is at the one after: two intervals, plus
+        however late the second tick runs.
+        """
+        return self.interval + self.threshold
+
+    @property
+    def margin(self) -> int:
+        """Time a lock has left at the latest renewal attempt, in milliseconds."""
+        return self.lock_duration - self.worst_gap
+
+
+class Stamped(Protocol):
+    """Anything with a ``ts``: the monotonic time in ms of its last renewal."""
+
+    @property
+    def ts(self) -> int:
+        """When the job was tracked or last renewed, in monotonic milliseconds."""
+        ...
+
+
+def select_due(jobs: Mapping[str, Stamped], now: int, threshold: int) -> list[str]:
+    """Return the ids of the jobs due for renewal: ``ts + threshold < now``.
+
+    Args:
+        jobs: Tracked jobs by id.
+        now: The current monotonic time, in milliseconds.
+        threshold: Age in milliseconds after which a job is due.
+
+    Returns:
+        The due ids, in the mapping's order.
+    """
+    cutoff = now - threshold
+    return [job_id for job_id, job in jobs.items() if job.ts < cutoff]
+
+
+def due_ids(stamps: Iterable[tuple[str, int]], now: int, threshold: int) -> list[str]:
+    """Like :func:`select_due`, over ``(id, ts)`` pairs."""
+    cutoff = now - threshold
+    return [job_id for job_id, ts in stamps if ts < cutoff]
+
+
+def next_deadline(previous: int, interval: int, now: int) -> int:
+    """Return the next tick time on the grid ``previous + k * interval`` after ``now``.
+
+    Ticks stay on a fixed grid so a slow tick does not push every later one
+    back; a tick that overran whole intervals skips the ones it missed rather
+    than firing them in a burst.
+    """
+    deadline = previous + interval
+    if deadline <= now:
+        deadline += ((now - deadline) // interval + 1) * interval
+    return deadline

@@ -1,0 +1,284 @@
+"""The shared renewal script and the one call that runs it.
+
+``lua/extendLocks-1.lua`` is frozen: Node.js, Go, Elixir and Python workers
+renew the same keys with it. This module reads it once, runs it by EVALSHA and
+loads it only when the server answers NOSCRIPT (after a restart or a SCRIPT
+FLUSH), so a healthy tick costs one round trip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+from redis.exceptions import NoScriptError, ResponseError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from actors.keys import QueueKeys
+
+__all__ = [
+    "DEFAULT_MAX_BATCH",
+    "SCRIPT_NAME",
+    "BatchOutcome",
+    "ChunkError",
+    "extend_locks",
+    "renew_batch",
+    "script_sha",
+    "script_source",
+]
+
+logger = logging.getLogger(__name__)
+
+#: File name of the renewal script; the ``-1`` is its number of KEYS.
+SCRIPT_NAME = "extendLocks-1.lua"
+
+#: Job ids per script call. One call of a few milliseconds at most keeps every
+#: other client of the server responsive; all of a tick's calls still share
+#: one round trip.
+DEFAULT_MAX_BATCH = 1000
+
+
+@lru_cache(maxsize=1)
+def script_source() -> str:
+    """Return the text of ``extendLocks-1.lua``.
+
+    The wheel ships it as ``actors/lua/extendLocks-1.lua``; a source checkout
+    keeps it in the top-level ``lua/`` folder.
+    """
+    packaged = resources.files("actors") / "lua" / SCRIPT_NAME
+    if packaged.is_file():
+        return packaged.read_text(encoding="utf-8")
+    checkout = Path(__file__).resolve().parent.parent / "lua" / SCRIPT_NAME
+    return checkout.read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=1)
+def script_sha() -> str:
+    """Return the SHA1 by which the server knows the script."""
+    return hashlib.sha1(script_source().encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkError:
+    """A script call of a batch that the server did not run."""
+
+    #: Index of the chunk's first job in the batch.
+    start: int
+    #: Index one past the chunk's last job.
+    stop: int
+    #: What the server or the connection answered.
+    error: Exception
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOutcome:
+    """What one batched renewal did."""
+
+    #: Ids whose lock was gone or held by another token (chunks that ran).
+    failed: list[str]
+    #: Chunks that did not run; their jobs' locks are in an unknown state.
+    errors: list[ChunkError]
+
+
+def _validate(job_ids: Sequence[str], tokens: Sequence[str], duration: int) -> None:
+    if len(job_ids) != len(tokens):
+        raise ValueError(
+            f"job_ids and tokens must have the same length, got {len(job_ids)} and {len(tokens)}"
+        )
+    for job_id in job_ids:
+        if not isinstance(job_id, str) or not job_id:
+            raise ValueError(f"job_ids must be non-empty str, got {job_id!r}")
+    for token in tokens:
+        if not isinstance(token, str) or not token:
+            raise ValueError(f"tokens must be non-empty str, got {token!r}")
+    if isinstance(duration, bool) or not isinstance(duration, int) or duration <= 0:
+        raise ValueError(f"duration must be a positive int of milliseconds, got {duration!r}")
+
+
+def _as_ids(reply: Any) -> list[str]:
+    if not isinstance(reply, list):
+        raise ResponseError(f"{SCRIPT_NAME} returned {type(reply).__name__}, expected a list")
+    return [item.decode("utf-8") if isinstance(item, bytes) else str(item) for item in reply]
+
+
+def _evalsha_args(
+    keys: QueueKeys, job_ids: Sequence[str], tokens: Sequence[str], duration: int
+) -> tuple[Any, ...]:
+    # KEYS[1] stalled; ARGV[1] key prefix WITH its colon, ARGV[2] packed
+    # tokens, ARGV[3] packed ids, ARGV[4] TTL in ms.
+    return (
+        "EVALSHA",
+        script_sha(),
+        1,
+        keys.stalled,
+        keys.key_prefix,
+        msgpack.packb(list(tokens)),
+        msgpack.packb(list(job_ids)),
+        duration,
+    )
+
+
+def _is_noscript(reply: object) -> bool:
+    return isinstance(reply, NoScriptError) or (
+        isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT")
+    )
+
+
+def renew_batch(
+    conn: Any,
+    keys: QueueKeys,
+    job_ids: Sequence[str],
+    tokens: Sequence[str],
+    duration: int,
+    *,
+    max_batch: int = DEFAULT_MAX_BATCH,
+) -> BatchOutcome:
+    """Renew many locks in one round trip, ``max_batch`` ids per script call.
+
+    Up to ``max_batch`` ids make exactly one EVALSHA. More are split into
+    chunks, all sent in one pipeline (no MULTI), so no single script holds the
+    server for long. A chunk that the server refuses (BUSY, OOM, a reply that
+    is not a list) is returned in ``errors`` while the other chunks' results
+    stand. NOSCRIPT loads the script and resends the affected chunks.
+
+    Args:
+        conn: A ``redis.Redis`` or ``redis.RedisCluster`` client.
+        keys: The queue's keys.
+        job_ids: Ids of the jobs to renew.
+        tokens: Each job's lock token, in the same order.
+        duration: The new lock TTL, in milliseconds.
+        max_batch: Most ids per script call.
+
+    Returns:
+        The failed ids of the chunks that ran, and the chunks that did not.
+
+    Raises:
+        ValueError: Mismatched lengths, an empty id or token, a bad duration
+            or ``max_batch``; nothing is sent.
+        redis.exceptions.RedisError: The connection failed: no chunk is known
+            to have run.
+    """
+    _validate(job_ids, tokens, duration)
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch <= 0:
+        raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
+    total = len(job_ids)
+    if total == 0:
+        return BatchOutcome([], [])
+    if total <= max_batch:
+        return _renew_one(conn, keys, job_ids, tokens, duration)
+    bounds = [(start, min(start + max_batch, total)) for start in range(0, total, max_batch)]
+    return _renew_pipelined(conn, keys, job_ids, tokens, duration, bounds)
+
+
+def _renew_one(
+    conn: Any, keys: QueueKeys, job_ids: Sequence[str], tokens: Sequence[str], duration: int
+) -> BatchOutcome:
+    args = _evalsha_args(keys, job_ids, tokens, duration)
+    try:
+        reply = conn.execute_command(*args)
+    except NoScriptError:
+        # The server lost its script cache (restart, SCRIPT FLUSH, failover):
+        # load it once and send the same call again.
+        logger.debug("%s not cached by the server; loading it", SCRIPT_NAME)
+        conn.script_load(script_source())
+        reply = conn.execute_command(*args)
+    except ResponseError as exc:
+        return BatchOutcome([], [ChunkError(0, len(job_ids), exc)])
+    try:
+        return BatchOutcome(_as_ids(reply), [])
+    except ResponseError as exc:
+        return BatchOutcome([], [ChunkError(0, len(job_ids), exc)])
+
+
+def _send_chunks(
+    conn: Any,
+    keys: QueueKeys,
+    job_ids: Sequence[str],
+    tokens: Sequence[str],
+    duration: int,
+    bounds: list[tuple[int, int]],
+) -> list[Any]:
+    pipe = conn.pipeline(transaction=False)
+    for start, stop in bounds:
+        pipe.execute_command(
+            *_evalsha_args(keys, job_ids[start:stop], tokens[start:stop], duration)
+        )
+    replies: list[Any] = pipe.execute(raise_on_error=False)
+    return replies
+
+
+def _renew_pipelined(
+    conn: Any,
+    keys: QueueKeys,
+    job_ids: Sequence[str],
+    tokens: Sequence[str],
+    duration: int,
+    bounds: list[tuple[int, int]],
+) -> BatchOutcome:
+    replies = _send_chunks(conn, keys, job_ids, tokens, duration, bounds)
+    missing = [i for i, reply in enumerate(replies) if _is_noscript(reply)]
+    if missing:
+        logger.debug("%s not cached by the server; loading it", SCRIPT_NAME)
+        conn.script_load(script_source())
+        resent = _send_chunks(conn, keys, job_ids, tokens, duration, [bounds[i] for i in missing])
+        for i, reply in zip(missing, resent, strict=True):
+            replies[i] = reply
+    failed: list[str] = []
+    errors: list[ChunkError] = []
+    for (start, stop), reply in zip(bounds, replies, strict=True):
+        try:
+            if isinstance(reply, Exception):
+                raise reply
+            failed.extend(_as_ids(reply))
+        except ResponseError as exc:
+            errors.append(ChunkError(start, stop, exc))
+    return BatchOutcome(failed, errors)
+
+
+def extend_locks(
+    conn: Any,
+    keys: QueueKeys,
+    job_ids: Sequence[str],
+    tokens: Sequence[str],
+    duration: int,
+    *,
+    max_batch: int | None = None,
+) -> list[str]:
+    """Renew the locks of ``job_ids`` with ``extendLocks-1.lua``.
+
+    Example:
+        >>> extend_locks(redis.Redis(), QueueKeys("q"), ["j1"], [token], 30000)
+        []
+
+    Args:
+        conn: A ``redis.Redis`` or ``redis.RedisCluster`` client.
+        keys: The queue's keys.
+        job_ids: Ids of the jobs to renew.
+        tokens: Each job's lock token, in the same order.
+        duration: The new lock TTL, in milliseconds.
+        max_batch: Most ids per script call; ``None`` sends all of them in one.
+
+    Returns:
+        The ids whose lock was gone or held by another token, as ``str``; an
+        empty list when every lock was renewed. An empty batch returns ``[]``
+        without a round trip.
+
+    Raises:
+        ValueError: Mismatched lengths, an empty id or token, or a bad
+            duration; nothing is sent.
+        redis.exceptions.RedisError: The server or the connection failed.
+    """
+    outcome = renew_batch(
+        conn, keys, job_ids, tokens, duration, max_batch=max_batch or max(len(job_ids), 1)
+    )
+    if outcome.errors:
+        raise outcome.errors[0].error
+    return outcome.failed
