@@ -1,34 +1,67 @@
 """Optional OpenTelemetry spans: one ``extend_locks`` span per renewing tick.
 
-Active only when ``opentelemetry-api`` is installed
-(``pip install 'echomq-actors[otel]'``); otherwise nothing is imported and
-every call here is a no-op.
+Active only when ``opentelemetry-api`` can be imported
+(``pip install 'echomq-actors[otel]'``). It is imported on the first renewing
+tick, not when :mod:`actors` is; without it nothing is imported and every call
+here is a no-op. Spans go to whatever tracer provider the application set up
+with ``opentelemetry.trace.set_tracer_provider``.
+
+Attribute names follow BullMQ's Node.js ``LockManager`` where it has one
+(``bullmq.queue.name``, ``bullmq.queue.operation``), so one dashboard filter
+catches the renewals of every runtime; the counts it does not record live under
+``echomq.lock.*``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
+import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
 
-__all__ = ["ATTR_FAILED", "ATTR_JOBS", "ATTR_QUEUE", "SPAN_NAME", "TickSpan", "tick_span"]
+__all__ = [
+    "ATTR_CALLS",
+    "ATTR_ERROR_TYPE",
+    "ATTR_FAILED",
+    "ATTR_FAILED_IDS",
+    "ATTR_JOBS",
+    "ATTR_OPERATION",
+    "ATTR_QUEUE",
+    "MAX_FAILED_IDS",
+    "OPERATION",
+    "SPAN_NAME",
+    "TickSpan",
+    "tick_span",
+]
 
 #: Name of the span each renewing tick opens.
 SPAN_NAME = "extend_locks"
-#: Span attribute: the queue's name.
-ATTR_QUEUE = "echomq.queue.name"
+#: Span attribute: the queue's name (BullMQ's name for it).
+ATTR_QUEUE = "bullmq.queue.name"
+#: Span attribute: the operation, :data:`OPERATION` (BullMQ's name for it).
+ATTR_OPERATION = "bullmq.queue.operation"
+#: The value of :data:`ATTR_OPERATION`, as BullMQ's lock manager sets it.
+OPERATION = "extendLocks"
 #: Span attribute: how many jobs the tick tried to renew.
 ATTR_JOBS = "echomq.lock.jobs"
 #: Span attribute: how many of them had lost their lock.
 ATTR_FAILED = "echomq.lock.failed"
+#: Span attribute: the ids of those jobs, at most :data:`MAX_FAILED_IDS` of them.
+ATTR_FAILED_IDS = "echomq.lock.failed_ids"
 #: Span attribute: how many script calls the tick sent.
 ATTR_CALLS = "echomq.lock.script_calls"
+#: Span attribute: the class name of the error that failed the tick
+#: (OpenTelemetry's semantic convention).
+ATTR_ERROR_TYPE = "error.type"
 
-_tracer: Any = None
-_available = importlib.util.find_spec("opentelemetry") is not None
+#: Most lost ids one span lists; the count is always exact.
+MAX_FAILED_IDS = 100
+
+_UNSET: Any = object()
+_tracer: Any = _UNSET
+_lock = threading.Lock()
 
 
 class TickSpan:
@@ -39,39 +72,63 @@ class TickSpan:
     def __init__(self, span: Any) -> None:
         self._span = span
 
-    def finish(self, failed: int, calls: int) -> None:
-        """Record the tick's outcome."""
-        if self._span is not None:
-            self._span.set_attribute(ATTR_FAILED, failed)
-            self._span.set_attribute(ATTR_CALLS, calls)
+    def finish(self, failed: Sequence[str], calls: int) -> None:
+        """Record the tick's outcome: the ids whose lock was lost, the script calls sent."""
+        span = self._span
+        if span is None or not span.is_recording():
+            return
+        span.set_attribute(ATTR_FAILED, len(failed))
+        span.set_attribute(ATTR_CALLS, calls)
+        if failed:
+            span.set_attribute(ATTR_FAILED_IDS, list(failed[:MAX_FAILED_IDS]))
 
     def error(self, exc: BaseException) -> None:
-        """Record the error that failed the tick."""
-        if self._span is not None:
-            from opentelemetry.trace import Status, StatusCode
+        """Record the error that failed the tick, in whole or in part."""
+        span = self._span
+        if span is None or not span.is_recording():
+            return
+        from opentelemetry.trace import Status, StatusCode
 
-            self._span.record_exception(exc)
-            self._span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        span.record_exception(exc)
+        span.set_attribute(ATTR_ERROR_TYPE, type(exc).__name__)
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
 
 
 def _get_tracer() -> Any:
+    """Return the tracer, or ``None`` when OpenTelemetry cannot be imported."""
     global _tracer  # noqa: PLW0603
-    if _tracer is None:
-        from opentelemetry import trace
-
-        _tracer = trace.get_tracer("actors")
+    if _tracer is _UNSET:
+        with _lock:
+            if _tracer is _UNSET:
+                try:
+                    from opentelemetry import trace
+                except ImportError:
+                    _tracer = None
+                else:
+                    # A proxy until the application sets a provider, then its
+                    # tracer: the order of set-up does not matter.
+                    _tracer = trace.get_tracer("actors")
     return _tracer
 
 
 @contextlib.contextmanager
 def tick_span(queue: str, jobs: int) -> Iterator[TickSpan]:
-    """Open the span of one renewing tick."""
-    if not _available:
+    """Open the span of one renewing tick.
+
+    Args:
+        queue: The queue's name.
+        jobs: How many due jobs the tick renews.
+
+    Yields:
+        The handle through which the tick records its outcome.
+    """
+    tracer = _get_tracer()
+    if tracer is None:
         yield TickSpan(None)
         return
-    with _get_tracer().start_as_current_span(
+    with tracer.start_as_current_span(
         SPAN_NAME,
-        attributes={ATTR_QUEUE: queue, ATTR_JOBS: jobs},
+        attributes={ATTR_QUEUE: queue, ATTR_OPERATION: OPERATION, ATTR_JOBS: jobs},
         record_exception=False,
         set_status_on_exception=False,
     ) as span:

@@ -462,7 +462,7 @@ class LockManager(pykka.ThreadingActor):
                 self._report_error(exc, len(due))
                 return
             renewed = self._apply(due, now, outcome)
-            span.finish(len(outcome.failed), calls)
+            span.finish(outcome.failed, calls)
             if outcome.errors:
                 span.error(outcome.errors[0].error)
         self._record_tick(len(due), calls, started)

@@ -21,13 +21,15 @@ class Stats:
     lost: int
     #: Ticks whose Redis call failed, in whole or in part.
     errors: int
-    #: Script calls sent to the server (one per ``max_batch`` due jobs).
+    #: Script calls the ticks sent or tried to send (one per ``max_batch``
+    #: due jobs, counted even when the connection failed).
     script_calls: int
     #: Jobs tracked now.
     tracked: int
-    #: Due jobs the last renewing tick sent.
+    #: Due jobs the last renewing tick sent; ``0`` before the first one.
     last_batch: int
-    #: Duration of the last renewing tick, in milliseconds.
+    #: Duration of the last renewing tick (the round trip and the bookkeeping,
+    #: not the callbacks), in milliseconds.
     last_tick_ms: float
     #: Duration of the longest renewing tick so far, in milliseconds.
     max_tick_ms: float

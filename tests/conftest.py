@@ -30,7 +30,11 @@ class Server:
 
     def client(self, **options: object) -> redis.Redis:
         options.setdefault("socket_timeout", 10)
-        return redis.Redis.from_url(self.url, **options)  # type: ignore[arg-type]
+        client = redis.Redis.from_url(self.url, **options)
+        if "db" in options:
+            # A database in the URL's path wins over the keyword: apply it after.
+            client.connection_pool.connection_kwargs["db"] = options["db"]
+        return client
 
 
 class _Servers:

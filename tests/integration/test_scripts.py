@@ -85,7 +85,9 @@ def test_odd_ids_are_renewed_and_returned_as_str(engine_client: redis.Redis, job
     assert extend_locks(engine_client, KEYS, [job_id], [held], 30000) == [job_id]
 
 
-def test_ids_are_str_with_decode_responses(engine_server: object, engine_client: redis.Redis) -> None:
+def test_ids_are_str_with_decode_responses(
+    engine_server: object, engine_client: redis.Redis
+) -> None:
     url = engine_client.connection_pool.connection_kwargs
     decoded = redis.Redis(host=url["host"], port=url["port"], decode_responses=True)
     try:
@@ -171,4 +173,6 @@ def test_non_list_reply_is_an_error(engine_client: redis.Redis) -> None:
     with pytest.raises(ResponseError):
         engine_client.eval(script_source(), 1, KEYS.stalled, KEYS.key_prefix, b"\xc1", b"\xc1", 1)
     packed = msgpack.packb(["a"])
-    assert engine_client.eval(script_source(), 1, KEYS.stalled, KEYS.key_prefix, packed, packed, 1) == [b"a"]
+    assert engine_client.eval(
+        script_source(), 1, KEYS.stalled, KEYS.key_prefix, packed, packed, 1
+    ) == [b"a"]

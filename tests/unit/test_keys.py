@@ -1,0 +1,102 @@
+"""QueueKeys and the cluster slot helpers: pure string building."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors import QueueKeys
+from actors.keys import hash_slot, key_hash_tag
+
+names = st.text(min_size=1, max_size=30)
+
+
+def test_layout_matches_the_shared_contract() -> None:
+    keys = QueueKeys("myqueue")
+
+    assert keys.base == "emq:myqueue"
+    assert keys.key_prefix == "emq:myqueue:"
+    assert keys.lock("42") == "emq:myqueue:42:lock"
+    assert keys.stalled == "emq:myqueue:stalled"
+
+
+def test_bullmq_prefix() -> None:
+    keys = QueueKeys("mail", prefix="bull")
+
+    assert keys.lock("7") == "bull:mail:7:lock"
+    assert keys.stalled == "bull:mail:stalled"
+
+
+@given(name=names, prefix=names, job_id=names)
+def test_every_lock_key_is_key_prefix_id_lock(name: str, prefix: str, job_id: str) -> None:
+    keys = QueueKeys(name, prefix=prefix)
+
+    assert keys.lock(job_id) == keys.key_prefix + job_id + ":lock"
+    assert keys.key_prefix == keys.base + ":"
+    assert keys.stalled == keys.key_prefix + "stalled"
+
+
+@pytest.mark.parametrize(
+    ("name", "prefix", "error"),
+    [
+        ("", "emq", ValueError),
+        ("q", "", ValueError),
+        (None, "emq", TypeError),
+        (b"q", "emq", TypeError),
+        ("q", 3, TypeError),
+    ],
+)
+def test_invalid_names_are_refused(name: object, prefix: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match=r"name|prefix"):
+        QueueKeys(name, prefix=prefix)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("job_id", ["", None, 42])
+def test_invalid_job_ids_are_refused(job_id: object) -> None:
+    with pytest.raises((TypeError, ValueError), match="job_id"):
+        QueueKeys("q").lock(job_id)  # type: ignore[arg-type]
+
+
+def test_keys_compare_by_name_and_prefix() -> None:
+    assert QueueKeys("q") == QueueKeys("q", prefix="emq")
+    assert QueueKeys("q") != QueueKeys("q", prefix="bull")
+    assert len({QueueKeys("q"), QueueKeys("q")}) == 1
+    assert repr(QueueKeys("q")) == "QueueKeys('q', prefix='emq')"
+
+
+@pytest.mark.parametrize(
+    ("key", "slot"),
+    [("foo", 12182), ("123456789", 12739), ("{user1000}.following", hash_slot("user1000"))],
+)
+def test_hash_slot_matches_the_cluster_spec(key: str, slot: int) -> None:
+    assert hash_slot(key) == slot
+
+
+@pytest.mark.parametrize(
+    ("key", "tag"),
+    [("{a}b", "a"), ("x{a}{b}", "a"), ("{}a", "{}a"), ("a{b", "a{b"), ("a}b{c}", "c")],
+)
+def test_hash_tag_extraction(key: str, tag: str) -> None:
+    assert key_hash_tag(key) == tag
+
+
+@pytest.mark.parametrize(
+    ("name", "prefix", "tag"),
+    [
+        ("{myqueue}", "emq", "myqueue"),
+        ("myqueue", "{emq}", "emq"),
+        ("myqueue", "emq", None),
+        ("{}q", "emq", None),
+        ("q{", "emq", None),
+    ],
+)
+def test_queue_hash_tag(name: str, prefix: str, tag: str | None) -> None:
+    assert QueueKeys(name, prefix=prefix).hash_tag == tag
+
+
+@given(name=names, job_id=names)
+def test_a_tagged_queue_keeps_every_key_in_one_slot(name: str, job_id: str) -> None:
+    keys = QueueKeys("{" + name.replace("}", "") + "x}")
+
+    assert hash_slot(keys.lock(job_id)) == hash_slot(keys.stalled)
