@@ -301,6 +301,7 @@ class LockManager(pykka.ThreadingActor):
         self._last_tick_ms = 0.0
         self._max_tick_ms = 0.0
         self._last_renewal: int | None = None
+        self._failed_streak = 0
 
     # -- lifecycle -------------------------------------------------------
 
@@ -443,6 +444,8 @@ class LockManager(pykka.ThreadingActor):
             tokens,
             self._timing.lock_duration,
             max_batch=self._max_batch,
+            # track_job checked every id and token: skip a pass over the batch.
+            check_items=False,
         )
 
     def _renew_due(self, due: list[str], now: int) -> None:
@@ -450,27 +453,30 @@ class LockManager(pykka.ThreadingActor):
         tokens = [jobs[job_id].token for job_id in due]
         started = time.perf_counter()
         calls = -(-len(due) // self._max_batch)
+        outcome: BatchOutcome | None = None
+        failure: Exception | None = None
+        renewed: list[str] = []
         with _telemetry.tick_span(self._keys.name, len(due)) as span:
             try:
                 outcome = self._renewer(due, tokens)
             except Exception as exc:
                 # Nothing is known to have run: keep every job and its ts, so
                 # the very next tick tries them all again.
+                failure = exc
                 span.error(exc)
-                self._record_tick(len(due), calls, started)
-                self._errors += 1
-                self._report_error(exc, len(due))
-                return
-            renewed = self._apply(due, now, outcome)
-            span.finish(outcome.failed, calls)
-            if outcome.errors:
-                span.error(outcome.errors[0].error)
+            else:
+                renewed = self._apply(due, now, outcome)
+                span.finish(outcome.failed, calls)
+                if outcome.errors:
+                    failure = outcome.errors[0].error
+                    span.error(failure)
         self._record_tick(len(due), calls, started)
+        # Callbacks run after the span: their time is theirs, not the tick's.
         if renewed:
             self._last_renewal = now
             self._renewed += len(renewed)
             self._call(self._on_renewed, renewed, "on_locks_renewed")
-        if outcome.failed:
+        if outcome is not None and outcome.failed:
             self._lost += len(outcome.failed)
             logger.warning(
                 "LockManager for queue %r: lost the lock of %d job(s): %s",
@@ -479,10 +485,21 @@ class LockManager(pykka.ThreadingActor):
                 ", ".join(outcome.failed[:20]) + (" ..." if len(outcome.failed) > 20 else ""),
             )
             self._call(self._on_failed, outcome.failed, "on_lock_renewal_failed")
-        if outcome.errors:
+        if failure is not None:
             self._errors += 1
-            unknown = sum(error.stop - error.start for error in outcome.errors)
-            self._report_error(outcome.errors[0].error, unknown)
+            unknown = (
+                len(due)
+                if outcome is None
+                else sum(error.stop - error.start for error in outcome.errors)
+            )
+            self._report_error(failure, unknown)
+        elif self._failed_streak:
+            logger.warning(
+                "LockManager for queue %r: renewals resumed after %d failed tick(s)",
+                self._keys.name,
+                self._failed_streak,
+            )
+            self._failed_streak = 0
 
     def _apply(self, due: list[str], now: int, outcome: BatchOutcome) -> list[str]:
         """Untrack the lost jobs, stamp the renewed ones; return the renewed ids."""
@@ -508,13 +525,16 @@ class LockManager(pykka.ThreadingActor):
         self._max_tick_ms = max(self._max_tick_ms, elapsed)
 
     def _report_error(self, exc: Exception, jobs: int) -> None:
+        # The first failure of a streak carries its traceback; during a long
+        # outage the later ones are one line each.
+        self._failed_streak += 1
         logger.error(
             "LockManager for queue %r: renewal of %d job(s) failed, retrying next tick: %s: %s",
             self._keys.name,
             jobs,
             type(exc).__name__,
             exc,
-            exc_info=exc,
+            exc_info=exc if self._failed_streak == 1 else None,
         )
         self._call(self._on_error, exc, "on_error")
 
@@ -586,14 +606,39 @@ def track_job(manager: pykka.ActorRef[LockManager], job_id: str, token: str) -> 
     _tell(manager, message)
 
 
-def untrack_job(manager: pykka.ActorRef[LockManager], job_id: str) -> None:
-    """Tell ``manager`` to stop renewing ``job_id``'s lock. Returns at once.
+def untrack_job(
+    manager: pykka.ActorRef[LockManager],
+    job_id: str,
+    *,
+    wait: bool = False,
+    timeout: float | None = None,
+) -> None:
+    """Tell ``manager`` to stop renewing ``job_id``'s lock.
+
+    Returns at once by default. Before deleting the lock itself, a worker
+    should pass ``wait=True``: the call then returns once the manager has
+    untracked the job, so no tick already queued can find the lock gone and
+    report it lost.
+
+    Args:
+        manager: The manager.
+        job_id: The job's id.
+        wait: Wait until the manager has untracked the job.
+        timeout: With ``wait``, the most seconds to wait.
 
     Raises:
         TypeError: ``job_id`` is not a ``str``.
         ValueError: ``job_id`` is empty.
+        pykka.Timeout: With ``wait``, no answer within ``timeout`` seconds.
     """
-    _tell(manager, UntrackJob(_require_id(job_id, "job_id")))
+    message = UntrackJob(_require_id(job_id, "job_id"))
+    if not wait:
+        _tell(manager, message)
+        return
+    try:
+        manager.ask(message, block=True, timeout=timeout)
+    except pykka.ActorDeadError:
+        logger.debug("%r sent to a stopped LockManager; ignored", message)
 
 
 def _tell(manager: pykka.ActorRef[LockManager], message: object) -> None:

@@ -1,0 +1,1 @@
+"""Runnable examples of the lock manager, one idea per file."""

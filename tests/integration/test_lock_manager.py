@@ -371,3 +371,45 @@ def test_a_client_without_socket_timeout_gets_a_warning(
     assert any(
         "socket_timeout" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records
     )
+
+
+def test_stop_from_a_callback_does_not_deadlock(engine_client: redis.Redis) -> None:
+    stopped = threading.Event()
+    refs: list[pykka.ActorRef[LockManager]] = []
+
+    def give_up(_: list[str]) -> None:
+        stop(refs[0])
+        stopped.set()
+
+    refs.append(
+        start_link(
+            connection=engine_client, keys=KEYS, lock_duration=TTL, on_lock_renewal_failed=give_up
+        )
+    )
+    track_job(refs[0], "never-locked", "token")
+
+    assert stopped.wait(3 * TTL / 1000)
+    wait_for(lambda: not refs[0].is_alive(), 5, "the manager to stop")
+
+
+def test_untrack_with_wait_lets_a_worker_release_its_lock_without_a_false_report(
+    engine_client: redis.Redis, reports: Reports
+) -> None:
+    ref = LockManager.start(
+        connection=engine_client,
+        keys=KEYS,
+        lock_duration=TTL,
+        on_lock_renewal_failed=reports.on_failed,
+        _autostart_timer=False,
+    )
+    tokens = take_locks(engine_client, KEYS, ["j"], TTL)
+    track_job(ref, "j", tokens["j"])
+    time.sleep(TTL / 4 / 1000 + 0.05)  # past its threshold: the next tick renews it
+    ref.tell(ExtendLocks())  # a tick already queued when the worker finishes
+
+    untrack_job(ref, "j", wait=True)
+    engine_client.delete(KEYS.lock("j"))
+    ref.ask(ExtendLocks())
+
+    assert not reports.failed
+    assert get_active_job_count(ref) == 0

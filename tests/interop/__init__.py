@@ -1,0 +1,1 @@
+"""Interop tests: our lock manager beside BullMQ's own Python and Node.js runtimes."""
