@@ -31,5 +31,13 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m pytest -m bench -s -p no:randomly tests/bench
 
+## faults: the fault suite and its results table
+faults: $(STAMP)
+	$(BIN)/python tests/faults/report.py
+
+## soak: the full load run (100,000 jobs, about 2 minutes)
+soak: $(STAMP)
+	$(BIN)/python -m pytest -m soak -s tests/soak
+
 clean:
 	rm -rf $(VENV) build dist .mypy_cache .pytest_cache .ruff_cache

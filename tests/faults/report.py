@@ -1,0 +1,94 @@
+"""Run the fault suite and print what each fault did as a Markdown table.
+
+Usage (from the project's root)::
+
+    .venv/bin/python tests/faults/report.py [more pytest arguments]
+
+Each scenario fills a row (see ``FaultRecord`` in ``conftest.py``): the fault,
+what was asserted, and what happened: locks lost, false reports (a lock
+reported lost that was not, or reported twice) and manager restarts. The
+table goes to stdout after pytest's own output; the exit status is pytest's.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Collector:
+    """A pytest plugin that keeps each test's outcome and its fault record."""
+
+    def __init__(self) -> None:
+        self.outcomes: dict[str, str] = {}
+        self.durations: dict[str, float] = {}
+        self.rows: dict[str, dict[str, Any]] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        node = report.nodeid
+        if report.when == "call" or report.outcome != "passed":
+            if self.outcomes.get(node, "passed") == "passed":
+                self.outcomes[node] = report.outcome
+            self.durations[node] = self.durations.get(node, 0.0) + report.duration
+        if report.when == "teardown":
+            for name, value in report.user_properties:
+                if name == "fault" and isinstance(value, dict) and value.get("fault"):
+                    self.rows[node] = value
+
+
+def _cell(value: object) -> str:
+    return str(value).replace("|", "\\|")
+
+
+def _notes(notes: dict[str, Any]) -> str:
+    return ", ".join(f"{key} {value}" for key, value in notes.items())
+
+
+def table(collector: Collector) -> str:
+    """Return the Markdown table of the collected rows, in run order."""
+    lines = [
+        "| Fault | Asserted | Outcome | Locks lost | False reports | Restarts | Measured |",
+        "|---|---|---|---:|---:|---:|---|",
+    ]
+    for node, row in collector.rows.items():
+        outcome = collector.outcomes.get(node, "?")
+        outcome = f"{outcome} ({collector.durations.get(node, 0.0):.1f} s)"
+        lines.append(
+            "| "
+            + " | ".join(
+                _cell(cell)
+                for cell in (
+                    row["fault"],
+                    row["asserted"],
+                    outcome,
+                    row["locks_lost"],
+                    row["false_reports"],
+                    row["restarts"],
+                    _notes(row["notes"]),
+                )
+            )
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``tests/faults`` with the collector, print the table, return pytest's status."""
+    collector = Collector()
+    args = [str(ROOT / "tests" / "faults"), "-q", "-p", "no:cacheprovider", *(argv or [])]
+    status = pytest.main(args, plugins=[collector])
+    print()
+    print(table(collector))
+    return int(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,251 @@
+"""Server faults: a hung process, a crash with and without its data, a busy script.
+
+The manager gets the server's URL, so its client has a socket timeout of a
+quarter of the timer interval and one immediate retry.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+import redis
+
+from actors import get_active_job_count, get_stats, start_link, track_job
+from actors.embedded import EmbeddedServer
+from actors.lock_manager import client_for_url
+from actors.schedule import Timing
+from tests.faults.conftest import KEYS, dead_locks, min_pttl, seed_locks
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import pykka
+
+    from actors import LockManager
+    from tests.faults.conftest import FaultRecord, Reports
+
+JOBS = 20
+
+
+def start_tracking(
+    server: EmbeddedServer, direct: redis.Redis, reports: Reports, lock_ms: int
+) -> tuple[pykka.ActorRef[LockManager], dict[str, str]]:
+    """Seed JOBS locks, track them by URL and wait for their first renewal."""
+    jobs = seed_locks(direct, JOBS, lock_ms)
+    manager = start_link(
+        connection=server.url, keys=KEYS, lock_duration=lock_ms, **reports.callbacks()
+    )
+    for job_id, token in jobs.items():
+        track_job(manager, job_id, token)
+    reports.wait(
+        lambda: reports.renewed_since(0) >= set(jobs),
+        timeout=3 * Timing(lock_ms).interval / 1000 + 5,
+        what="the first renewal of every job",
+    )
+    return manager, jobs
+
+
+def socket_timeout(url: str, lock_ms: int) -> float:
+    """The socket timeout of the client a manager builds for ``url``."""
+    client = client_for_url(url, Timing(lock_ms).interval)
+    timeout = client.connection_pool.connection_kwargs["socket_timeout"]
+    client.close()
+    return float(timeout)
+
+
+def test_hung_server_never_hangs_queries_to_the_manager(
+    private_server: EmbeddedServer, direct: redis.Redis, reports: Reports, record: FaultRecord
+) -> None:
+    # Given 20 locks of 4 s renewed by a manager (1 s ticks, 250 ms socket timeout)
+    lock_ms = 4000
+    timing = Timing(lock_ms)
+    manager, jobs = start_tracking(private_server, direct, reports, lock_ms)
+    timeout = socket_timeout(private_server.url, lock_ms)
+    record.fault = "server hangs (SIGSTOP), then resumes"
+    record.asserted = "asks answered within 2 socket timeouts + 0.5 s; no lock lost"
+
+    # When the server is frozen for two ticks while a caller keeps asking
+    paused = time.monotonic()
+    private_server.pause()
+    slowest = 0.0
+    answers = set()
+    try:
+        while time.monotonic() - paused < 2 * timing.interval / 1000 or not reports.errors_since(
+            paused
+        ):
+            assert time.monotonic() - paused < lock_ms / 1000 - 0.5, "no tick failed in time"
+            asked = time.monotonic()
+            answers.add(get_active_job_count(manager, timeout=10))
+            slowest = max(slowest, time.monotonic() - asked)
+            time.sleep(0.02)
+    finally:
+        private_server.resume()
+    resumed = time.monotonic()
+
+    # Then every ask was answered within one failed tick: two attempts of one
+    # socket timeout each (the client retries once), plus a margin
+    record.notes = {"slowest_ask_s": round(slowest, 3), "socket_timeout_s": timeout}
+    assert answers == {JOBS}
+    assert slowest <= 2 * timeout + 0.5
+
+    # And the locks are renewed after the server resumes, none lost
+    reports.wait(
+        lambda: reports.renewed_since(resumed) >= set(jobs),
+        timeout=2 * timing.interval / 1000 + 3,
+        what="renewal after the server resumed",
+    )
+    record.locks_lost = len(dead_locks(direct, jobs))
+    record.false_reports = sum(reports.failed_counts().values())
+    assert record.locks_lost == 0
+    assert record.false_reports == 0
+
+
+def test_server_restarted_empty_reports_every_job_once_then_renews_new_ones(
+    private_server: EmbeddedServer, direct: redis.Redis, reports: Reports, record: FaultRecord
+) -> None:
+    # Given 20 tracked jobs on a server without persistence
+    lock_ms = 2000
+    timing = Timing(lock_ms)
+    manager, jobs = start_tracking(private_server, direct, reports, lock_ms)
+    record.fault = "server killed, restarted empty"
+    record.asserted = "every job reported lost exactly once; new jobs renewed after"
+
+    # When it crashes, stays down for a failed tick, and comes back empty
+    killed = time.monotonic()
+    private_server.kill()
+    reports.wait(
+        lambda: reports.errors_since(killed),
+        timeout=2 * timing.interval / 1000 + 3,
+        what="on_error while the server is down",
+    )
+    private_server.start()
+
+    # Then each job is reported lost once and untracked
+    reports.wait(
+        lambda: sum(reports.failed_counts().values()) >= JOBS,
+        timeout=3 * timing.interval / 1000 + 5,
+        what="the lost jobs to be reported",
+    )
+    assert get_active_job_count(manager, timeout=5) == 0
+
+    # And jobs taken after the restart are renewed (the script is loaded again)
+    fresh = seed_locks(direct, 5, lock_ms, prefix="fresh")
+    since = time.monotonic()
+    for job_id, token in fresh.items():
+        track_job(manager, job_id, token)
+    reports.wait(
+        lambda: reports.renewed_since(since) >= set(fresh),
+        timeout=3 * timing.interval / 1000 + 5,
+        what="renewal of jobs tracked after the restart",
+    )
+    counts = reports.failed_counts()
+    record.false_reports = sum(n - 1 for n in counts.values()) + len(set(counts) - set(jobs))
+    record.locks_lost = len(dead_locks(direct, fresh))
+    assert counts == dict.fromkeys(jobs, 1)
+    assert record.locks_lost == 0
+    assert get_stats(manager, timeout=5).tracked == len(fresh)
+
+
+def test_server_restarted_from_its_append_only_file_inside_the_ttl_loses_no_job(
+    aof_server: EmbeddedServer, reports: Reports, record: FaultRecord
+) -> None:
+    # Given 20 locks of 4 s on a server with an append-only file
+    lock_ms = 4000
+    timing = Timing(lock_ms)
+    direct = redis.Redis.from_url(aof_server.url, socket_timeout=10)
+    manager, jobs = start_tracking(aof_server, direct, reports, lock_ms)
+    record.fault = "server killed, restarted from its AOF"
+    record.asserted = "no job lost or reported; renewals go on"
+
+    # When it crashes and restarts at once, well inside the TTL
+    aof_server.restart()
+    restarted = time.monotonic()
+
+    # Then every job is renewed twice more and none is reported lost
+    for _ in range(2):
+        since = time.monotonic()
+        reports.wait(
+            lambda since=since: reports.renewed_since(since) >= set(jobs),  # type: ignore[misc]
+            timeout=3 * timing.interval / 1000 + 5,
+            what="renewal after the restart",
+        )
+    record.locks_lost = len(dead_locks(direct, jobs))
+    record.false_reports = sum(reports.failed_counts().values())
+    record.notes = {"renewing_after_s": round(time.monotonic() - restarted, 2)}
+    assert record.locks_lost == 0
+    assert record.false_reports == 0
+    assert get_active_job_count(manager, timeout=5) == JOBS
+    direct.close()
+
+
+@pytest.fixture(params=["valkey", "redis"])
+def busy_server(request: pytest.FixtureRequest) -> Iterator[EmbeddedServer]:
+    server = EmbeddedServer(request.param).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_busy_script_of_another_client_is_retried_and_loses_no_job(
+    busy_server: EmbeddedServer, reports: Reports, record: FaultRecord
+) -> None:
+    # Given 20 locks of 4 s, and a server that answers BUSY after 100 ms of script
+    lock_ms = 4000
+    timing = Timing(lock_ms)
+    direct = redis.Redis.from_url(busy_server.url, socket_timeout=10)
+    # lua-time-limit is the name both engines accept (Valkey 8 aliases it).
+    direct.config_set("lua-time-limit", 100)
+    manager, jobs = start_tracking(busy_server, direct, reports, lock_ms)
+    record.fault = f"BUSY: another client's slow script ({busy_server.engine})"
+    record.asserted = "BUSY reported via on_error, retried, no job lost"
+
+    # When another client runs a script that never ends, until a tick has met BUSY
+    hog = redis.Redis.from_url(busy_server.url, socket_timeout=30)
+    outcome: list[BaseException] = []
+
+    def run_forever() -> None:
+        try:
+            hog.eval("while true do end", 0)
+        except redis.RedisError as exc:
+            outcome.append(exc)
+
+    busy_since = time.monotonic()
+    thread = threading.Thread(target=run_forever, name="busy-script")
+    thread.start()
+    try:
+        reports.wait(
+            lambda: any("BUSY" in str(exc) for exc in reports.errors_since(busy_since)),
+            timeout=2 * timing.interval / 1000 + 3,
+            what="a tick to meet BUSY",
+        )
+    finally:
+        # SCRIPT KILL is one of the few commands a busy server still runs.
+        deadline = time.monotonic() + 10
+        while thread.is_alive() and time.monotonic() < deadline:
+            try:
+                direct.script_kill()
+            except redis.ResponseError:
+                time.sleep(0.05)
+            thread.join(timeout=0.5)
+    killed = time.monotonic()
+    lowest_ttl = min_pttl(direct, jobs)
+
+    # Then the next ticks renew every job, none is reported lost
+    reports.wait(
+        lambda: reports.renewed_since(killed) >= set(jobs),
+        timeout=2 * timing.interval / 1000 + 3,
+        what="renewal after the script was killed",
+    )
+    record.locks_lost = len(dead_locks(direct, jobs))
+    record.false_reports = sum(reports.failed_counts().values())
+    record.notes = {"busy_s": round(killed - busy_since, 2), "lowest_ttl_ms": lowest_ttl}
+    assert outcome and "killed" in str(outcome[0]).lower()
+    assert record.locks_lost == 0
+    assert record.false_reports == 0
+    assert get_active_job_count(manager, timeout=5) == JOBS
+    hog.close()
+    direct.close()
