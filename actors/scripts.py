@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgpack
+from redis import RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
 if TYPE_CHECKING:
@@ -88,25 +89,35 @@ class BatchOutcome:
     errors: list[ChunkError]
 
 
-def _validate(job_ids: Sequence[str], tokens: Sequence[str], duration: int) -> None:
+def _validate(
+    job_ids: Sequence[str], tokens: Sequence[str], duration: int, *, each: bool = True
+) -> None:
     if len(job_ids) != len(tokens):
         raise ValueError(
             f"job_ids and tokens must have the same length, got {len(job_ids)} and {len(tokens)}"
         )
+    if isinstance(duration, bool) or not isinstance(duration, int) or duration <= 0:
+        raise ValueError(f"duration must be a positive int of milliseconds, got {duration!r}")
+    if not each:
+        return
     for job_id in job_ids:
         if not isinstance(job_id, str) or not job_id:
             raise ValueError(f"job_ids must be non-empty str, got {job_id!r}")
     for token in tokens:
         if not isinstance(token, str) or not token:
             raise ValueError(f"tokens must be non-empty str, got {token!r}")
-    if isinstance(duration, bool) or not isinstance(duration, int) or duration <= 0:
-        raise ValueError(f"duration must be a positive int of milliseconds, got {duration!r}")
 
 
 def _as_ids(reply: Any) -> list[str]:
     if not isinstance(reply, list):
         raise ResponseError(f"{SCRIPT_NAME} returned {type(reply).__name__}, expected a list")
     return [item.decode("utf-8") if isinstance(item, bytes) else str(item) for item in reply]
+
+
+def _as_list(items: Sequence[str]) -> list[str]:
+    # A chunk is already a fresh list (a slice): copying it again would cost a
+    # pass and an allocation per id.
+    return items if type(items) is list else list(items)
 
 
 def _evalsha_args(
@@ -120,10 +131,14 @@ def _evalsha_args(
         1,
         keys.stalled,
         keys.key_prefix,
-        msgpack.packb(list(tokens)),
-        msgpack.packb(list(job_ids)),
+        msgpack.packb(_as_list(tokens)),
+        msgpack.packb(_as_list(job_ids)),
         duration,
     )
+
+
+def _is_cluster(conn: object) -> bool:
+    return isinstance(conn, RedisCluster)
 
 
 def _is_noscript(reply: object) -> bool:
@@ -140,6 +155,7 @@ def renew_batch(
     duration: int,
     *,
     max_batch: int = DEFAULT_MAX_BATCH,
+    check_items: bool = True,
 ) -> BatchOutcome:
     """Renew many locks in one round trip, ``max_batch`` ids per script call.
 
@@ -149,6 +165,12 @@ def renew_batch(
     is not a list) is returned in ``errors`` while the other chunks' results
     stand. NOSCRIPT loads the script and resends the affected chunks.
 
+    On a ``redis.RedisCluster`` the chunks go to the node serving the queue's
+    slot (redirections followed), NOSCRIPT is answered with EVAL there, and
+    each id the script reports failed is read back by
+    :func:`actors.cluster.confirm_failed`: a lock still held with its token
+    (the slot was migrating) comes back in ``errors``, not in ``failed``.
+
     Args:
         conn: A ``redis.Redis`` or ``redis.RedisCluster`` client.
         keys: The queue's keys.
@@ -156,6 +178,9 @@ def renew_batch(
         tokens: Each job's lock token, in the same order.
         duration: The new lock TTL, in milliseconds.
         max_batch: Most ids per script call.
+        check_items: Check that every id and token is a non-empty ``str``.
+            A caller that checked them already (the lock manager does when a
+            job is tracked) passes ``False`` to save a pass over the batch.
 
     Returns:
         The failed ids of the chunks that ran, and the chunks that did not.
@@ -166,16 +191,24 @@ def renew_batch(
         redis.exceptions.RedisError: The connection failed: no chunk is known
             to have run.
     """
-    _validate(job_ids, tokens, duration)
+    _validate(job_ids, tokens, duration, each=check_items)
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch <= 0:
         raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
     total = len(job_ids)
     if total == 0:
         return BatchOutcome([], [])
     if total <= max_batch:
-        return _renew_one(conn, keys, job_ids, tokens, duration)
-    bounds = [(start, min(start + max_batch, total)) for start in range(0, total, max_batch)]
-    return _renew_pipelined(conn, keys, job_ids, tokens, duration, bounds)
+        outcome = _renew_one(conn, keys, job_ids, tokens, duration)
+    else:
+        bounds = [(start, min(start + max_batch, total)) for start in range(0, total, max_batch)]
+        outcome = _renew_pipelined(conn, keys, job_ids, tokens, duration, bounds)
+    if outcome.failed and _is_cluster(conn):
+        # While the slot migrates, the script may run where only part of the
+        # queue's keys are and miss locks that are still held.
+        from actors.cluster import confirm_failed
+
+        outcome = confirm_failed(conn, keys, job_ids, tokens, outcome)
+    return outcome
 
 
 def _renew_one(
@@ -188,8 +221,11 @@ def _renew_one(
         # The server lost its script cache (restart, SCRIPT FLUSH, failover):
         # load it once and send the same call again.
         logger.debug("%s not cached by the server; loading it", SCRIPT_NAME)
-        conn.script_load(script_source())
-        reply = conn.execute_command(*args)
+        if _is_cluster(conn):
+            reply = conn.execute_command(*_with_source(args))
+        else:
+            conn.script_load(script_source())
+            reply = conn.execute_command(*args)
     except ResponseError as exc:
         return BatchOutcome([], [ChunkError(0, len(job_ids), exc)])
     try:
@@ -205,14 +241,29 @@ def _send_chunks(
     tokens: Sequence[str],
     duration: int,
     bounds: list[tuple[int, int]],
+    *,
+    with_source: bool = False,
 ) -> list[Any]:
     pipe = conn.pipeline(transaction=False)
+    options: dict[str, Any] = {}
+    if _is_cluster(conn):
+        # Routed by hand: a cluster pipeline otherwise asks its default node
+        # for each EVALSHA's keys (COMMAND GETKEYS), and fails for as long as
+        # that node is down. Redirections are still followed.
+        options["target_nodes"] = conn.get_node_from_key(keys.stalled)
     for start, stop in bounds:
-        pipe.execute_command(
-            *_evalsha_args(keys, job_ids[start:stop], tokens[start:stop], duration)
-        )
+        args = _evalsha_args(keys, job_ids[start:stop], tokens[start:stop], duration)
+        pipe.execute_command(*(_with_source(args) if with_source else args), **options)
     replies: list[Any] = pipe.execute(raise_on_error=False)
     return replies
+
+
+def _with_source(evalsha_args: tuple[Any, ...]) -> tuple[Any, ...]:
+    # EVAL runs the script, and caches it, on whichever cluster node serves
+    # the slot right now: a promoted replica, a node importing the slot, a new
+    # node with no slot of its own yet. SCRIPT LOAD reaches only the masters
+    # the client knows of, and all of them must answer.
+    return ("EVAL", script_source(), *evalsha_args[2:])
 
 
 def _renew_pipelined(
@@ -227,8 +278,12 @@ def _renew_pipelined(
     missing = [i for i, reply in enumerate(replies) if _is_noscript(reply)]
     if missing:
         logger.debug("%s not cached by the server; loading it", SCRIPT_NAME)
-        conn.script_load(script_source())
-        resent = _send_chunks(conn, keys, job_ids, tokens, duration, [bounds[i] for i in missing])
+        cluster = _is_cluster(conn)
+        if not cluster:
+            conn.script_load(script_source())
+        resent = _send_chunks(
+            conn, keys, job_ids, tokens, duration, [bounds[i] for i in missing], with_source=cluster
+        )
         for i, reply in zip(missing, resent, strict=True):
             replies[i] = reply
     failed: list[str] = []
