@@ -272,12 +272,18 @@ class LockManager(pykka.ThreadingActor):
                 f"got {type(connection).__name__}"
             )
         elif _socket_timeout(connection) is None and _renewer is None:
+            if _is_cluster(connection):
+                advice = (
+                    "build it with actors.cluster.cluster_client(url, "
+                    f"interval_ms={self._timing.interval})"
+                )
+            else:
+                advice = f"pass socket_timeout={self._timing.interval / 4000:.2f} or less, or a URL"
             logger.warning(
                 "LockManager for queue %r: the client has no socket_timeout, so a hung server "
-                "can hold a tick (and every query to the manager) indefinitely; pass "
-                "socket_timeout=%.2f or less, or a URL",
+                "can hold a tick (and every query to the manager) indefinitely; %s",
                 keys.name,
-                self._timing.interval / 4000,
+                advice,
             )
         if _is_cluster(connection):
             check_cluster_keys(keys)
