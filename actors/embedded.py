@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
     from types import TracebackType
 
-__all__ = ["ENGINES", "EmbeddedServer", "Engine", "free_port", "server_binary"]
+__all__ = ["ENGINES", "EmbeddedServer", "Engine", "free_port", "server_binary", "server_url"]
 
 Engine = Literal["valkey", "redis"]
 
@@ -223,3 +223,24 @@ class EmbeddedServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def server_url(engine: str = "valkey") -> Iterator[str]:
+    """Yield ``REDIS_URL`` when it is set, else the URL of a private server.
+
+    The private server is started on entry and stopped on exit.
+
+    Example:
+        >>> with server_url() as url:
+        ...     manager = start_link(connection=url, keys=QueueKeys("q"))
+
+    Raises:
+        FileNotFoundError: ``REDIS_URL`` is unset and no server wheel is installed.
+    """
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url
+        return
+    with EmbeddedServer(engine) as server:
+        yield server.url

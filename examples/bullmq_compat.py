@@ -19,7 +19,6 @@ starts a private server.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -29,7 +28,7 @@ import redis
 
 import actors
 from actors import QueueKeys
-from actors.embedded import EmbeddedServer
+from actors.embedded import server_url
 
 __all__ = ["Result", "main", "run"]
 
@@ -139,12 +138,8 @@ def run(url: str, *, queue: str = "payments", jobs: int = 3, lock_duration: int 
 
 def main() -> int:
     """Run on ``REDIS_URL`` or a private server and print what BullMQ would see."""
-    url = os.environ.get("REDIS_URL")
-    if url:
+    with server_url() as url:
         result = run(url)
-    else:
-        with EmbeddedServer() as server:
-            result = run(server.url)
     print(f"locks: {', '.join(result.lock_keys)}")
     print(
         f"{result.stalled_key}: {sorted(result.stalled_before)} -> {sorted(result.stalled_after)}"

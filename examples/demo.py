@@ -22,7 +22,6 @@ import argparse
 import collections
 import json
 import logging
-import os
 import sys
 import threading
 import time
@@ -38,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import actors
 from actors import LockManager, Timing
-from actors.embedded import EmbeddedServer
+from actors.embedded import server_url
 from examples import supervisor_tree, timeline
 
 if TYPE_CHECKING:
@@ -488,12 +487,8 @@ def _parse(argv: Sequence[str] | None) -> Config:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; return 0 unless a lock was lost that the demo did not provoke."""
     config = _parse(argv)
-    url = os.environ.get("REDIS_URL")
-    if url:
+    with server_url() as url:
         summary = run_demo(url, config)
-    else:
-        with EmbeddedServer() as server:
-            summary = run_demo(server.url, config)
     config.out.mkdir(parents=True, exist_ok=True)
     (config.out / "summary.json").write_text(json.dumps(vars(summary), indent=2) + "\n")
     _print_summary(summary, config)

