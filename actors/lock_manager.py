@@ -135,15 +135,50 @@ def check_cluster_keys(keys: QueueKeys) -> None:
         )
 
 
-class _Job:
-    """A tracked job: its lock token and when it was last renewed."""
+class _JobTable:
+    """The tracked jobs: each one's lock token and when it was last renewed.
 
-    __slots__ = ("token", "ts")
+    Two flat dicts (id to token, id to monotonic ms) rather than a record per
+    job: CPython's garbage collector does not track dicts that hold only
+    strings and ints, so 100,000 tracked jobs add nothing to each collection,
+    and stamping a tick's renewals stores one shared int, allocating nothing
+    per job. Only the actor's thread touches it.
+    """
 
-    def __init__(self, token: str, ts: int) -> None:
-        self.token = token
+    __slots__ = ("stamps", "tokens")
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, str] = {}
         #: Monotonic time of tracking or of the last renewal, in milliseconds.
-        self.ts = ts
+        self.stamps: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self.tokens
+
+    def track(self, job_id: str, token: str, now: int) -> None:
+        self.tokens[job_id] = token
+        self.stamps[job_id] = now
+
+    def untrack(self, job_id: str) -> None:
+        if self.tokens.pop(job_id, None) is not None:
+            del self.stamps[job_id]
+
+    def ids(self) -> list[str]:
+        return list(self.tokens)
+
+    def due(self, now: int, threshold: int) -> tuple[list[str], list[str]]:
+        """Return the due ids and their tokens, in tracking order."""
+        due = select_due(self.stamps, now, threshold)
+        tokens = self.tokens
+        return due, [tokens[job_id] for job_id in due]
+
+    def stamp(self, job_ids: list[str], now: int) -> None:
+        stamps = self.stamps
+        for job_id in job_ids:
+            stamps[job_id] = now
 
 
 class _Timer:
@@ -294,7 +329,7 @@ class LockManager(pykka.ThreadingActor):
         self._clock: Callable[[], int] = _clock or _monotonic_ms
         self._renewer: Renewer = _renewer or self._renew
         self._autostart_timer = _autostart_timer
-        self._jobs: dict[str, _Job] = {}
+        self._jobs = _JobTable()
         self._timer: _Timer | None = None
         self._next_tick = 0
         # Counters for get_stats: plain ints, a few per tick.
@@ -359,24 +394,27 @@ class LockManager(pykka.ThreadingActor):
             return None
 
     def _dispatch(self, message: Any) -> Any:
-        if isinstance(message, ExtendLocks):
-            return self.extend_locks()
-        if isinstance(message, TrackJob):
-            return self.track_job(message.job_id, message.token)
-        if isinstance(message, UntrackJob):
-            return self.untrack_job(message.job_id)
-        if isinstance(message, GetActiveJobCount):
-            return self.get_active_job_count()
-        if isinstance(message, GetTrackedJobIds):
-            return self.get_tracked_job_ids()
-        if isinstance(message, IsTracked):
-            return self.is_tracked(message.job_id)
-        if isinstance(message, GetStats):
-            return self.get_stats()
-        logger.warning(
-            "LockManager for queue %r ignored unknown message %r", self._keys.name, message
-        )
-        return None
+        # One dict lookup per message: track and untrack arrive by the
+        # hundred thousand and must cost little more than pykka's own tell.
+        handler = _HANDLERS.get(type(message))
+        if handler is None:
+            logger.warning(
+                "LockManager for queue %r ignored unknown message %r", self._keys.name, message
+            )
+            return None
+        return handler(self, message)
+
+    def _on_track(self, message: TrackJob) -> None:
+        job_id, token = message.job_id, message.token
+        if not (isinstance(job_id, str) and job_id and isinstance(token, str) and token):
+            self.track_job(job_id, token)  # raises, naming the bad argument
+        self._jobs.track(job_id, token, self._clock())
+
+    def _on_untrack(self, message: UntrackJob) -> None:
+        job_id = message.job_id
+        if not (isinstance(job_id, str) and job_id):
+            _require_id(job_id, "job_id")
+        self._jobs.untrack(job_id)
 
     # -- operations (also proxy methods) -------------------------------
 
@@ -391,7 +429,7 @@ class LockManager(pykka.ThreadingActor):
         """
         _require_id(job_id, "job_id")
         _require_id(token, "token")
-        self._jobs[job_id] = _Job(token, self._clock())
+        self._jobs.track(job_id, token, self._clock())
 
     def untrack_job(self, job_id: str) -> None:
         """Stop renewing ``job_id``'s lock; an unknown id is ignored.
@@ -400,7 +438,7 @@ class LockManager(pykka.ThreadingActor):
             TypeError: ``job_id`` is not a ``str``.
             ValueError: ``job_id`` is empty.
         """
-        self._jobs.pop(_require_id(job_id, "job_id"), None)
+        self._jobs.untrack(_require_id(job_id, "job_id"))
 
     def get_active_job_count(self) -> int:
         """Return how many jobs are tracked."""
@@ -408,7 +446,7 @@ class LockManager(pykka.ThreadingActor):
 
     def get_tracked_job_ids(self) -> list[str]:
         """Return the ids of the tracked jobs."""
-        return list(self._jobs)
+        return self._jobs.ids()
 
     def is_tracked(self, job_id: str) -> bool:
         """Return whether ``job_id`` is tracked."""
@@ -435,9 +473,9 @@ class LockManager(pykka.ThreadingActor):
         """Renew every due lock now, then arm the timer for the next tick."""
         self._ticks += 1
         now = self._clock()
-        due = select_due(self._jobs, now, self._timing.threshold)
+        due, tokens = self._jobs.due(now, self._timing.threshold)
         if due:
-            self._renew_due(due, now)
+            self._renew_due(due, tokens, now)
         self._arm_next()
 
     # -- the tick --------------------------------------------------------
@@ -454,9 +492,7 @@ class LockManager(pykka.ThreadingActor):
             check_items=False,
         )
 
-    def _renew_due(self, due: list[str], now: int) -> None:
-        jobs = self._jobs
-        tokens = [jobs[job_id].token for job_id in due]
+    def _renew_due(self, due: list[str], tokens: list[str], now: int) -> None:
         started = time.perf_counter()
         calls = -(-len(due) // self._max_batch)
         outcome: BatchOutcome | None = None
@@ -512,15 +548,14 @@ class LockManager(pykka.ThreadingActor):
         jobs = self._jobs
         failed = set(outcome.failed)
         for job_id in failed:
-            jobs.pop(job_id, None)
+            jobs.untrack(job_id)
         if outcome.errors:
             unsent = set()
             for error in outcome.errors:
                 unsent.update(due[error.start : error.stop])
             failed |= unsent
         renewed = [job_id for job_id in due if job_id not in failed] if failed else due
-        for job_id in renewed:
-            jobs[job_id].ts = now
+        jobs.stamp(renewed, now)
         return renewed
 
     def _record_tick(self, batch: int, calls: int, started: float) -> None:
@@ -557,6 +592,17 @@ class LockManager(pykka.ThreadingActor):
             return
         self._next_tick = next_deadline(self._next_tick, self._timing.interval, self._clock())
         self._timer.arm(self._next_tick)
+
+
+_HANDLERS: dict[type, Callable[[LockManager, Any], Any]] = {
+    ExtendLocks: lambda actor, _: actor.extend_locks(),
+    TrackJob: LockManager._on_track,
+    UntrackJob: LockManager._on_untrack,
+    GetActiveJobCount: lambda actor, _: actor.get_active_job_count(),
+    GetTrackedJobIds: lambda actor, _: actor.get_tracked_job_ids(),
+    IsTracked: lambda actor, message: actor.is_tracked(message.job_id),
+    GetStats: lambda actor, _: actor.get_stats(),
+}
 
 
 # -- module API ----------------------------------------------------------
@@ -608,8 +654,10 @@ def track_job(manager: pykka.ActorRef[LockManager], job_id: str, token: str) -> 
         TypeError: ``job_id`` or ``token`` is not a ``str``.
         ValueError: ``job_id`` or ``token`` is empty.
     """
-    message = TrackJob(_require_id(job_id, "job_id"), _require_id(token, "token"))
-    _tell(manager, message)
+    if not (isinstance(job_id, str) and job_id and isinstance(token, str) and token):
+        _require_id(job_id, "job_id")
+        _require_id(token, "token")
+    _tell(manager, TrackJob(job_id, token))
 
 
 def untrack_job(

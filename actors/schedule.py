@@ -16,16 +16,14 @@ threshold, a job is renewed every one or two ticks, so it waits at most
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Mapping
 
 __all__ = [
     "DEFAULT_LOCK_DURATION",
-    "Stamped",
     "Timing",
-    "due_ids",
     "next_deadline",
     "positive_int",
     "select_due",
@@ -124,34 +122,21 @@ class Timing:
         return self.lock_duration - self.worst_gap
 
 
-class Stamped(Protocol):
-    """Anything with a ``ts``: the monotonic time in ms of its last renewal."""
-
-    @property
-    def ts(self) -> int:
-        """When the job was tracked or last renewed, in monotonic milliseconds."""
-        ...
-
-
-def select_due(jobs: Mapping[str, Stamped], now: int, threshold: int) -> list[str]:
+def select_due(stamps: Mapping[str, int], now: int, threshold: int) -> list[str]:
     """Return the ids of the jobs due for renewal: ``ts + threshold < now``.
 
     Args:
-        jobs: Tracked jobs by id.
+        stamps: Each tracked job's ``ts``: the monotonic time, in
+            milliseconds, of its tracking or of its last renewal.
         now: The current monotonic time, in milliseconds.
         threshold: Age in milliseconds after which a job is due.
 
     Returns:
         The due ids, in the mapping's order.
     """
+    # Integers: ts + threshold < now exactly when ts < now - threshold.
     cutoff = now - threshold
-    return [job_id for job_id, job in jobs.items() if job.ts < cutoff]
-
-
-def due_ids(stamps: Iterable[tuple[str, int]], now: int, threshold: int) -> list[str]:
-    """Like :func:`select_due`, over ``(id, ts)`` pairs."""
-    cutoff = now - threshold
-    return [job_id for job_id, ts in stamps if ts < cutoff]
+    return [job_id for job_id, ts in stamps.items() if ts < cutoff]
 
 
 def next_deadline(previous: int, interval: int, now: int) -> int:

@@ -1,7 +1,8 @@
 """Our extendLocks-1.lua against BullMQ's own, on identical copies of random states.
 
 Hypothesis draws a batch of jobs, each with a lock state (held by the token,
-held by another, missing; with or without a TTL) and stalled-set membership.
+held by another, missing; with or without a TTL) and stalled-set membership,
+with or without other members in the stalled set (or no stalled set at all).
 The same state is written to two databases of one server; our script runs on
 one and the script shipped in the PyPI ``bullmq`` package on the other. The
 returned ids and every resulting key must match (TTLs within a tolerance).
@@ -54,7 +55,9 @@ def databases(engine_server: Server) -> Iterator[tuple[redis.Redis, redis.Redis]
         client.close()
 
 
-def write_state(client: redis.Redis, batch: list[tuple[str, str, bool, int]]) -> list[str]:
+def write_state(
+    client: redis.Redis, batch: list[tuple[str, str, bool, int]], bystander: bool
+) -> list[str]:
     client.flushdb()
     tokens = []
     for index, (job_id, state, stalled, ttl) in enumerate(batch):
@@ -68,7 +71,8 @@ def write_state(client: redis.Redis, batch: list[tuple[str, str, bool, int]]) ->
             client.set(KEYS.lock(job_id), "someone-else", px=ttl)
         if stalled:
             client.sadd(KEYS.stalled, job_id)
-    client.sadd(KEYS.stalled, "bystander")
+    if bystander:
+        client.sadd(KEYS.stalled, "bystander")
     return tokens
 
 
@@ -100,14 +104,17 @@ def run(client: redis.Redis, source: str, ids: list[str], tokens: list[str], ttl
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(batch=jobs, ttl=st.integers(1000, 120000))
+@given(batch=jobs, ttl=st.integers(1000, 120000), bystander=st.booleans())
 def test_our_script_behaves_exactly_like_bullmqs(
-    databases: tuple[redis.Redis, redis.Redis], batch: list[tuple[str, str, bool, int]], ttl: int
+    databases: tuple[redis.Redis, redis.Redis],
+    batch: list[tuple[str, str, bool, int]],
+    ttl: int,
+    bystander: bool,
 ) -> None:
     ours, theirs = databases
     ids = [job_id for job_id, *_ in batch]
-    tokens = write_state(ours, batch)
-    write_state(theirs, batch)
+    tokens = write_state(ours, batch, bystander)
+    write_state(theirs, batch, bystander)
 
     our_reply = run(ours, script_source(), ids, tokens, ttl)
     their_reply = run(theirs, bullmq_script(), ids, tokens, ttl)

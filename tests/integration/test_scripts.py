@@ -176,3 +176,25 @@ def test_non_list_reply_is_an_error(engine_client: redis.Redis) -> None:
     assert engine_client.eval(
         script_source(), 1, KEYS.stalled, KEYS.key_prefix, packed, packed, 1
     ) == [b"a"]
+
+
+def test_check_items_false_leaves_checking_to_the_caller(engine_client: redis.Redis) -> None:
+    # The manager checks ids and tokens when they are tracked, not each tick.
+    with pytest.raises(ValueError, match="job_ids"):
+        renew_batch(engine_client, KEYS, [""], [token()], 1000)
+
+    outcome = renew_batch(engine_client, KEYS, [""], [token()], 1000, check_items=False)
+
+    assert outcome.failed == [""]
+    with pytest.raises(ValueError, match="same length"):
+        renew_batch(engine_client, KEYS, ["a"], [], 1000, check_items=False)
+
+
+def test_the_ttl_is_re_armed_without_touching_the_value(engine_client: redis.Redis) -> None:
+    held = token()
+    engine_client.set(KEYS.lock("j"), held)  # no TTL at all
+
+    assert extend_locks(engine_client, KEYS, ["j"], [held], 5000) == []
+
+    assert engine_client.get(KEYS.lock("j")) == held.encode()
+    assert 4000 < engine_client.pttl(KEYS.lock("j")) <= 5000

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from actors import Timing
 from actors.schedule import next_deadline, select_due
-
-
-@dataclass
-class Job:
-    ts: int
 
 
 def test_defaults_are_30000_15000_7500() -> None:
@@ -63,14 +56,14 @@ jobs_st = st.dictionaries(st.text(min_size=1, max_size=8), st.integers(-(10**6),
 def test_a_job_is_due_exactly_when_ts_plus_threshold_is_below_now(
     jobs: dict[str, int], now: int, threshold: int
 ) -> None:
-    due = select_due({job_id: Job(ts) for job_id, ts in jobs.items()}, now, threshold)
+    due = select_due(jobs, now, threshold)
 
     assert due == [job_id for job_id, ts in jobs.items() if ts + threshold < now]
 
 
 @given(ts=st.integers(0, 10**9), threshold=st.integers(1, 10**5))
 def test_the_boundary_is_strict(ts: int, threshold: int) -> None:
-    jobs = {"j": Job(ts)}
+    jobs = {"j": ts}
 
     assert select_due(jobs, ts + threshold, threshold) == []
     assert select_due(jobs, ts + threshold + 1, threshold) == ["j"]

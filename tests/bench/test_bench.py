@@ -1,0 +1,830 @@
+"""Performance of lock renewal: the manager's tick against bare calls and BullMQ.
+
+Run with ``make bench`` (``pytest -m bench -s tests/bench``); it prints
+Markdown tables and a PASS/FAIL line per target, and fails if a target is
+missed. ``ACTORS_ENGINE=redis`` runs it on Redis 6.2 instead of Valkey 8.1.
+Knobs for a quick try: ``ACTORS_BENCH_SIZES=100,1000`` and
+``ACTORS_BENCH_ROUNDS=2``; ``ACTORS_BENCH_MAX_BATCH=250`` runs the main
+comparison with another ``max_batch``; ``ACTORS_BENCH_OUT=file.md`` also
+writes the report.
+
+Every figure is a median over rounds. In each round the contenders run in a
+random order (seeded), and before each one every lock is set again with a
+fresh TTL and every id is put back in the stalled set, so each contender
+finds the server in the same state. Ratios are taken per round, then their
+median is reported.
+
+Contenders, all renewing the same N locks on the same server:
+
+- tick: the manager's full tick, from the ``ExtendLocks`` message to the
+  ``on_locks_renewed`` callback done (``ref.ask``), all N jobs due;
+- bare: the same script calls sent straight through redis-py (ids and tokens
+  already in lists; packing and the round trip included);
+- bullmq-py: the ``bullmq`` package's ``LockManager._extend_locks`` with every
+  tracked id, on an asyncio loop, through its own Redis client (its
+  selection pass is not timed, which favours it slightly);
+- per-job: BullMQ's ``extendLock-2.lua`` once per job, all calls pipelined in
+  one round trip, a lower bound for what one timer per job would cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gc
+import os
+import random
+import statistics
+import time
+import tracemalloc
+import uuid
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+import pykka
+import pytest
+import redis
+import redis.asyncio
+from bullmq.backends.redis_backend import RedisBackend
+from bullmq.lock_manager import LockManager as BullLockManager
+from bullmq.redis_connection import RedisConnection
+
+from actors import (
+    ExtendLocks,
+    LockManager,
+    QueueKeys,
+    TrackJob,
+    UntrackJob,
+    get_active_job_count,
+    start_link,
+    stop,
+    track_job,
+    untrack_job,
+)
+from actors.scripts import DEFAULT_MAX_BATCH, script_sha, script_source
+from tests.bench.conftest import SLOWLOG_LENGTH, SLOWLOG_THRESHOLD_US
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from tests.bench.conftest import BenchServer, Report
+
+pytestmark = pytest.mark.bench
+
+
+def _env_ints(name: str, default: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in os.environ.get(name, default).split(",") if part.strip())
+
+
+#: Numbers of due jobs per tick.
+SIZES = _env_ints("ACTORS_BENCH_SIZES", "100,1000,10000,100000")
+#: Timed rounds at 100,000 jobs and in the max_batch comparison; each contender
+#: runs once per round. Smaller sizes and the message rates are cheap and
+#: noisier: they get three times as many.
+ROUNDS = int(os.environ.get("ACTORS_BENCH_ROUNDS", "9"))
+#: Seed of the per-round contender order.
+SEED = int(os.environ.get("ACTORS_BENCH_SEED", "20260101"))
+#: ``max_batch`` of the manager and the bare calls in the main comparison.
+MAX_BATCH = int(os.environ.get("ACTORS_BENCH_MAX_BATCH", str(DEFAULT_MAX_BATCH)))
+#: ``max_batch`` values compared at the largest size (the last one: all ids in one call).
+BATCHES = (250, 500, 1000, 2000, 5000, max(SIZES))
+#: Lock TTL set by every contender, in milliseconds.
+LOCK_DURATION = 30_000
+#: TTL for the managers that only track: long enough that no tick ever finds a job due.
+QUIET_LOCK_DURATION = 3_600_000
+#: Messages told per round in the messaging benchmark (half track, half untrack).
+MESSAGES = 100_000
+#: Jobs tracked for the memory measurement.
+MEMORY_JOBS = 100_000
+#: BullMQ keys, so the bullmq package and the manager renew the very same locks.
+KEYS = QueueKeys("bench", prefix="bull")
+#: Generous bound on one tick or one query, in seconds.
+ASK_TIMEOUT = 300.0
+
+#: BullMQ's one-job renewal script, as the bullmq package ships it.
+PER_JOB_SCRIPT = resources.files("bullmq") / "commands" / "extendLock-2.lua"
+
+
+class CountingConnection(redis.Connection):
+    """A connection that counts its writes: one per round trip, a pipeline included."""
+
+    writes = 0
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        CountingConnection.writes += 1
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+
+
+class AsyncCountingConnection(redis.asyncio.Connection):
+    """:class:`CountingConnection` for the asyncio client bullmq uses."""
+
+    writes = 0
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        AsyncCountingConnection.writes += 1
+        await super().send_packed_command(command, check_health)
+
+
+def _reset_write_counts() -> None:
+    CountingConnection.writes = 0
+    AsyncCountingConnection.writes = 0
+
+
+def _write_count() -> int:
+    return CountingConnection.writes + AsyncCountingConnection.writes
+
+
+def counting_client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(
+        url, socket_timeout=ASK_TIMEOUT, connection_class=CountingConnection
+    )
+
+
+class ManualClock:
+    """The manager's clock, moved by the benchmark so that every job is due."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+    def make_all_due(self) -> None:
+        self.now += 10 * LOCK_DURATION
+
+
+# -- the server's view -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerCost:
+    """What the server saw of one contender's run."""
+
+    #: Script calls (EVAL/EVALSHA) it ran.
+    script_calls: int
+    #: Its longest script call in ms; ``None`` when none reached the slow log.
+    longest_ms: float | None
+    #: Median script call in ms, calls under the slow log threshold counted at it.
+    median_ms: float | None
+
+
+def _script_calls(admin: redis.Redis) -> int:
+    stats = admin.info("commandstats")
+    return sum(
+        int(stats.get(name, {}).get("calls", 0)) for name in ("cmdstat_evalsha", "cmdstat_eval")
+    )
+
+
+def _is_script(command: bytes | str) -> bool:
+    raw = command.encode() if isinstance(command, str) else command
+    return raw.split(b" ", 1)[0].upper() in (b"EVALSHA", b"EVAL")
+
+
+def server_mark(admin: redis.Redis) -> int:
+    admin.slowlog_reset()
+    return _script_calls(admin)
+
+
+def server_cost(admin: redis.Redis, mark: int) -> ServerCost:
+    calls = _script_calls(admin) - mark
+    logged = sorted(
+        int(entry["duration"])
+        for entry in admin.slowlog_get(SLOWLOG_LENGTH)
+        if _is_script(entry["command"])
+    )
+    if not logged:
+        return ServerCost(calls, None, None)
+    # Calls that did not reach the slow log took less than its threshold:
+    # counting them at it makes the median an upper bound.
+    padded = [SLOWLOG_THRESHOLD_US] * max(calls - len(logged), 0) + logged
+    return ServerCost(calls, logged[-1] / 1000, statistics.median(padded) / 1000)
+
+
+# -- workload and contenders -------------------------------------------------
+
+
+class Workload:
+    """N jobs with realistic ids and tokens, and their locks on the server."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.ids = [f"job:{i:06d}" for i in range(size)]
+        self.tokens = [str(uuid.uuid4()) for _ in range(size)]
+        self.lock_keys = [KEYS.lock(job_id) for job_id in self.ids]
+        self._commands: list[tuple[object, ...]] = [
+            ("SET", key, token, "PX", LOCK_DURATION)
+            for key, token in zip(self.lock_keys, self.tokens, strict=True)
+        ]
+        for start in range(0, size, 10_000):
+            self._commands.append(("SADD", KEYS.stalled, *self.ids[start : start + 10_000]))
+        self._packed: list[bytes] | None = None
+
+    def reset(self, admin: redis.Redis) -> None:
+        """Give every lock a fresh TTL and put every id back in the stalled set.
+
+        One pipeline, packed once: packing 100,000 commands anew each time
+        would cost seconds of client time per reset.
+        """
+        connection = admin.connection_pool.get_connection()
+        try:
+            if self._packed is None:
+                self._packed = connection.pack_commands(self._commands)  # type: ignore[no-untyped-call]
+            connection.send_packed_command(self._packed)  # type: ignore[no-untyped-call]
+            for _ in self._commands:
+                connection.read_response()
+        finally:
+            admin.connection_pool.release(connection)
+        gc.collect()
+
+
+class TickContender:
+    """A manager tracking every job of the workload, ticked by hand."""
+
+    def __init__(self, url: str, workload: Workload, max_batch: int = MAX_BATCH) -> None:
+        self.size = workload.size
+        self.client = counting_client(url)
+        self.clock = ManualClock()
+        self.renewed: list[int] = []
+        self.ref = LockManager.start(
+            connection=self.client,
+            keys=KEYS,
+            lock_duration=LOCK_DURATION,
+            on_locks_renewed=self._on_renewed,
+            max_batch=max_batch,
+            _clock=self.clock,
+            _autostart_timer=False,
+        )
+        for job_id, token in zip(workload.ids, workload.tokens, strict=True):
+            track_job(self.ref, job_id, token)
+        assert get_active_job_count(self.ref, timeout=ASK_TIMEOUT) == workload.size
+
+    def _on_renewed(self, job_ids: list[str]) -> None:
+        self.renewed.append(len(job_ids))
+
+    def run(self) -> float:
+        self.clock.make_all_due()
+        ticks = len(self.renewed)
+        started = time.perf_counter()
+        self.ref.ask(ExtendLocks(), timeout=ASK_TIMEOUT)
+        elapsed = time.perf_counter() - started
+        assert self.renewed[ticks:] == [self.size], "the tick did not renew every lock"
+        return elapsed
+
+    def query_delay(self) -> float:
+        """Seconds a query asked right after a tick's message waits for its answer."""
+        self.clock.make_all_due()
+        self.ref.tell(ExtendLocks())
+        started = time.perf_counter()
+        get_active_job_count(self.ref, timeout=ASK_TIMEOUT)
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        stop(self.ref, timeout=ASK_TIMEOUT)
+        self.client.close()
+
+
+def bare_calls(client: redis.Redis, workload: Workload, max_batch: int = MAX_BATCH) -> float:
+    """Send the tick's script calls straight through redis-py."""
+    ids, tokens, size = workload.ids, workload.tokens, workload.size
+    sha = script_sha()
+    started = time.perf_counter()
+    if size <= max_batch:
+        replies = [
+            client.evalsha(
+                sha, 1, KEYS.stalled, KEYS.key_prefix,
+                msgpack.packb(tokens), msgpack.packb(ids), LOCK_DURATION,
+            )
+        ]  # fmt: skip
+    else:
+        pipe = client.pipeline(transaction=False)
+        for start in range(0, size, max_batch):
+            stop_at = start + max_batch
+            pipe.evalsha(
+                sha, 1, KEYS.stalled, KEYS.key_prefix,
+                msgpack.packb(tokens[start:stop_at]), msgpack.packb(ids[start:stop_at]),
+                LOCK_DURATION,
+            )  # fmt: skip
+        replies = pipe.execute()
+    elapsed = time.perf_counter() - started
+    assert all(reply == [] for reply in replies), "a bare call failed to renew a lock"
+    return elapsed
+
+
+class _StandInWorker:
+    """What bullmq's ``LockManager`` uses of its ``Worker``: a backend and ``emit``."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.renewed: list[int] = []
+        self.failures: list[object] = []
+
+    def emit(self, event: str, *args: Any) -> None:
+        if event == "locksRenewed":
+            self.renewed.append(int(args[0]["count"]))
+        else:
+            self.failures.append((event, args))
+
+
+class BullmqContender:
+    """The ``bullmq`` package's lock manager, tracking every job of the workload."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, url: str, workload: Workload) -> None:
+        self.loop = loop
+        self.size = workload.size
+        # The client bullmq builds for itself, plus a write counter.
+        self.client = redis.asyncio.Redis.from_url(
+            url,
+            decode_responses=True,
+            single_connection_client=True,
+            socket_timeout=ASK_TIMEOUT,
+            connection_class=AsyncCountingConnection,
+        )
+        backend = RedisBackend("bench", RedisConnection(self.client), prefix=KEYS.prefix)
+        self.worker = _StandInWorker(backend)
+        self.manager = BullLockManager(
+            self.worker,
+            lock_renew_time=LOCK_DURATION // 2,
+            lock_duration=LOCK_DURATION,
+            worker_id="bench",
+        )
+        for job_id, token in zip(workload.ids, workload.tokens, strict=True):
+            self.manager.track_job(job_id, token, 1)
+
+    def run(self) -> float:
+        cycles = len(self.worker.renewed)
+        started = time.perf_counter()
+        self.loop.run_until_complete(self.manager._extend_locks(list(self.manager.tracked_jobs)))
+        elapsed = time.perf_counter() - started
+        assert not self.worker.failures, f"bullmq reported {self.worker.failures[:3]}"
+        assert self.worker.renewed[cycles:] == [self.size], "bullmq did not renew every lock"
+        return elapsed
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.client.aclose())
+
+
+def per_job_calls(client: redis.Redis, sha: str, workload: Workload) -> float:
+    """One ``extendLock-2.lua`` call per job, all in one pipeline."""
+    stalled = KEYS.stalled
+    started = time.perf_counter()
+    pipe = client.pipeline(transaction=False)
+    for key, token, job_id in zip(workload.lock_keys, workload.tokens, workload.ids, strict=True):
+        pipe.evalsha(sha, 2, key, stalled, token, LOCK_DURATION, job_id)
+    replies = pipe.execute()
+    elapsed = time.perf_counter() - started
+    assert all(reply == 1 for reply in replies), "a per-job call failed to renew a lock"
+    return elapsed
+
+
+# -- rounds ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One contender's run in one round."""
+
+    seconds: float
+    round_trips: int
+    server: ServerCost
+
+
+@dataclass
+class Results:
+    """Every contender's samples, in round order."""
+
+    samples: dict[str, list[Sample]] = field(default_factory=dict)
+
+    def seconds(self, name: str) -> list[float]:
+        return [sample.seconds for sample in self.samples[name]]
+
+    def median_ms(self, name: str) -> float:
+        return statistics.median(self.seconds(name)) * 1000
+
+    def ratios(self, name: str, other: str) -> list[float]:
+        return [a / b for a, b in zip(self.seconds(name), self.seconds(other), strict=True)]
+
+    def ratio(self, name: str, other: str) -> float:
+        return statistics.median(self.ratios(name, other))
+
+    def server_median(self, name: str, attribute: str) -> float | None:
+        values = [getattr(sample.server, attribute) for sample in self.samples[name]]
+        known = [value for value in values if value is not None]
+        # A value under the slow log threshold stays unknown; the median is
+        # only given when most rounds had one.
+        return statistics.median(values) if len(known) == len(values) else None
+
+
+def rounds_for(size: int) -> int:
+    return ROUNDS if size >= 100_000 else 3 * ROUNDS
+
+
+def run_rounds(
+    contenders: dict[str, Callable[[], float]],
+    reset: Callable[[], None],
+    admin: redis.Redis,
+    rounds: int,
+    rng: random.Random,
+) -> Results:
+    """Warm every contender up once, then run ``rounds`` rounds in random orders."""
+    for run in contenders.values():
+        reset()
+        run()
+    results = Results({name: [] for name in contenders})
+    for _ in range(rounds):
+        order = list(contenders)
+        rng.shuffle(order)
+        for name in order:
+            reset()
+            mark = server_mark(admin)
+            _reset_write_counts()
+            seconds = contenders[name]()
+            round_trips = _write_count()
+            results.samples[name].append(Sample(seconds, round_trips, server_cost(admin, mark)))
+    return results
+
+
+# -- formatting --------------------------------------------------------------
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return f"< {SLOWLOG_THRESHOLD_US / 1000:g}"
+    return f"{value:,.1f}" if value >= 10 else f"{value:,.2f}"
+
+
+def _x(value: float) -> str:
+    return f"{value:.2f}x"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def admin(bench_server: BenchServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(bench_server.url, socket_timeout=ASK_TIMEOUT)
+    client.flushall()
+    try:
+        yield client
+    finally:
+        client.flushall()
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    event_loop = asyncio.new_event_loop()
+    try:
+        yield event_loop
+    finally:
+        event_loop.close()
+
+
+# -- the benchmarks ----------------------------------------------------------
+
+
+def test_tick_against_bare_calls_bullmq_and_per_job_calls(
+    bench_server: BenchServer,
+    admin: redis.Redis,
+    loop: asyncio.AbstractEventLoop,
+    report: Report,
+) -> None:
+    # Given N due jobs with real locks, tracked by every contender
+    rng = random.Random(SEED)
+    per_job_script = PER_JOB_SCRIPT.read_text(encoding="utf-8")
+    rows: list[list[str]] = []
+    ratio_rows: list[list[str]] = []
+    by_size: dict[int, Results] = {}
+    delay_ms: list[float] = []
+    for size in SIZES:
+        admin.flushall()
+        admin.script_load(script_source())
+        per_job_sha = admin.script_load(per_job_script)
+        workload = Workload(size)
+        tick = TickContender(bench_server.url, workload)
+        bullmq = BullmqContender(loop, bench_server.url, workload)
+        bare_client = counting_client(bench_server.url)
+        try:
+            contenders: dict[str, Callable[[], float]] = {
+                "tick": tick.run,
+                "bare": functools.partial(bare_calls, bare_client, workload),
+                "bullmq-py": bullmq.run,
+                "per-job": functools.partial(per_job_calls, bare_client, per_job_sha, workload),
+            }
+
+            # When each renews them all, in a random order per round
+            reset = functools.partial(workload.reset, admin)
+            results = run_rounds(contenders, reset, admin, rounds_for(size), rng)
+            if size == max(SIZES):
+                for _ in range(ROUNDS):
+                    workload.reset(admin)
+                    delay_ms.append(tick.query_delay() * 1000)
+                    # The told tick may still be running: let it end.
+                    get_active_job_count(tick.ref, timeout=ASK_TIMEOUT)
+        finally:
+            tick.close()
+            bullmq.close()
+            bare_client.close()
+        by_size[size] = results
+        rows.append(
+            [
+                f"{size:,}",
+                str(rounds_for(size)),
+                _ms(results.median_ms("tick")),
+                _ms(results.median_ms("bare")),
+                _ms(results.median_ms("bullmq-py")),
+                _ms(results.median_ms("per-job")),
+                _x(results.ratio("tick", "bare")),
+                _x(results.ratio("tick", "bullmq-py")),
+                _x(results.ratio("tick", "per-job")),
+                _ms(results.server_median("tick", "longest_ms")),
+                _ms(results.server_median("tick", "median_ms")),
+                _ms(results.server_median("bullmq-py", "longest_ms")),
+                str(max(sample.round_trips for sample in results.samples["tick"])),
+                str(max(sample.server.script_calls for sample in results.samples["tick"])),
+            ]
+        )
+        ratio_rows.append(
+            [
+                f"{size:,}",
+                " ".join(f"{r:.2f}" for r in results.ratios("tick", "bare")),
+                " ".join(f"{r:.2f}" for r in results.ratios("tick", "bullmq-py")),
+            ]
+        )
+
+    # Then the report shows every figure, and the targets hold
+    report.section(
+        f"### Renewing N due locks, max_batch={MAX_BATCH:,} (medians over rounds, times in ms)\n\n"
+        + _table(
+            [
+                "due jobs",
+                "rounds",
+                "full tick",
+                "bare calls",
+                "bullmq-py",
+                "per-job (pipelined)",
+                "tick / bare",
+                "tick / bullmq-py",
+                "tick / per-job",
+                "longest script: tick",
+                "median script: tick",
+                "longest script: bullmq-py",
+                "round trips per tick",
+                "script calls per tick",
+            ],
+            rows,
+        )
+        + (
+            f"\nA query asked right after a {max(SIZES):,}-job tick started waited "
+            f"{statistics.median(delay_ms):,.0f} ms (median): the actor answers it once the "
+            "tick is done.\n"
+            if delay_ms
+            else ""
+        )
+    )
+    report.section(
+        "### Per-round ratios\n\n"
+        + _table(["due jobs", "tick / bare, per round", "tick / bullmq-py, per round"], ratio_rows)
+    )
+    checks = [
+        report.check(
+            f"{size:,} jobs: round trips per tick",
+            max(sample.round_trips for sample in by_size[size].samples["tick"]),
+            1,
+            "",
+            at_most=True,
+        )
+        for size in SIZES
+    ]
+    if 100_000 in by_size:
+        big = by_size[100_000]
+        longest = big.server_median("tick", "longest_ms")
+        median = big.server_median("tick", "median_ms")
+        checks += [
+            report.check(
+                "100,000 jobs: longest single script",
+                SLOWLOG_THRESHOLD_US / 1000 if longest is None else longest,
+                10,
+                "ms",
+                at_most=True,
+            ),
+            report.check(
+                "100,000 jobs: median script call",
+                SLOWLOG_THRESHOLD_US / 1000 if median is None else median,
+                3,
+                "ms",
+                at_most=True,
+            ),
+            report.check(
+                "100,000 jobs: tick / bullmq-py",
+                big.ratio("tick", "bullmq-py"),
+                0.8,
+                "x",
+                at_most=True,
+            ),
+        ]
+    if 10_000 in by_size:
+        mid = by_size[10_000]
+        checks += [
+            report.check(
+                "10,000 jobs: tick / bare calls", mid.ratio("tick", "bare"), 1.15, "x", at_most=True
+            ),
+            report.check(
+                "10,000 jobs: tick / bullmq-py",
+                mid.ratio("tick", "bullmq-py"),
+                1.0,
+                "x",
+                at_most=True,
+            ),
+        ]
+    assert all(checks), "a renewal target was missed: see the report"
+
+
+def _chunk_verdict(results: Results) -> str:
+    fastest = min(BATCHES, key=lambda batch: results.ratio(str(batch), str(DEFAULT_MAX_BATCH)))
+    short = [
+        batch
+        for batch in BATCHES
+        if (longest := results.server_median(str(batch), "longest_ms")) is None or longest <= 10
+    ]
+    verdict = f"\nFastest full tick (per-round median): max_batch={fastest:,}"
+    if short:
+        listed = ", ".join(f"{batch:,}" for batch in short)
+        verdict += f"; longest script within 10 ms at max_batch {listed}"
+    return verdict + ".\n"
+
+
+def test_chunk_size(bench_server: BenchServer, admin: redis.Redis, report: Report) -> None:
+    # Given the largest N due jobs, tracked by one manager per max_batch
+    size = max(SIZES)
+    rng = random.Random(SEED + 1)
+    admin.flushall()
+    admin.script_load(script_source())
+    workload = Workload(size)
+    ticks = {batch: TickContender(bench_server.url, workload, max_batch=batch) for batch in BATCHES}
+    try:
+        # When each renews them all, in a random order per round
+        results = run_rounds(
+            {str(batch): tick.run for batch, tick in ticks.items()},
+            functools.partial(workload.reset, admin),
+            admin,
+            ROUNDS,
+            rng,
+        )
+    finally:
+        for tick in ticks.values():
+            tick.close()
+
+    # Then the report compares them with the default
+    default = str(DEFAULT_MAX_BATCH)
+    rows = [
+        [
+            f"{batch:,}" + (" (default)" if batch == DEFAULT_MAX_BATCH else ""),
+            str(results.samples[str(batch)][0].server.script_calls),
+            _ms(results.median_ms(str(batch))),
+            _x(results.ratio(str(batch), default)),
+            _ms(results.server_median(str(batch), "longest_ms")),
+            _ms(results.server_median(str(batch), "median_ms")),
+        ]
+        for batch in BATCHES
+    ]
+    report.section(
+        f"### max_batch at {size:,} due jobs ({ROUNDS} rounds, medians, times in ms)\n\n"
+        + _table(
+            [
+                "max_batch",
+                "script calls",
+                "full tick",
+                "vs default, per-round median",
+                "longest script",
+                "median script",
+            ],
+            rows,
+        )
+        + _chunk_verdict(results)
+    )
+    for batch in BATCHES:
+        assert results.samples[str(batch)][0].server.script_calls == -(-size // batch)
+
+
+class NoOpActor(pykka.ThreadingActor):
+    """Receives anything and does nothing: the cost of pykka's messaging alone."""
+
+    use_daemon_thread = True
+
+    def on_receive(self, message: Any) -> None:
+        return None
+
+
+def test_track_and_untrack_rate(bench_server: BenchServer, report: Report) -> None:
+    # Given a running manager and a no-op actor, and the same messages for both
+    half = MESSAGES // 2
+    ids = [f"job:{i:06d}" for i in range(half)]
+    tokens = [str(uuid.uuid4()) for _ in range(half)]
+    client = redis.Redis.from_url(bench_server.url, socket_timeout=5)
+    manager = start_link(connection=client, keys=KEYS, lock_duration=QUIET_LOCK_DURATION)
+    noop = NoOpActor.start()
+
+    def drive_manager() -> float:
+        started = time.perf_counter()
+        for job_id, token in zip(ids, tokens, strict=True):
+            track_job(manager, job_id, token)
+        for job_id in ids:
+            untrack_job(manager, job_id)
+        assert get_active_job_count(manager, timeout=ASK_TIMEOUT) == 0
+        return time.perf_counter() - started
+
+    def drive_noop() -> float:
+        started = time.perf_counter()
+        for job_id, token in zip(ids, tokens, strict=True):
+            noop.tell(TrackJob(job_id, token))
+        for job_id in ids:
+            noop.tell(UntrackJob(job_id))
+        noop.ask(None, timeout=ASK_TIMEOUT)
+        return time.perf_counter() - started
+
+    # When both drain the same number of tells, in a random order per round
+    rng = random.Random(SEED + 2)
+    rounds = 3 * ROUNDS
+    drivers = {"manager": drive_manager, "no-op": drive_noop}
+    seconds: dict[str, list[float]] = {name: [] for name in drivers}
+    try:
+        for driver in drivers.values():
+            driver()
+        for _ in range(rounds):
+            order = list(drivers)
+            rng.shuffle(order)
+            for name in order:
+                gc.collect()
+                seconds[name].append(drivers[name]())
+    finally:
+        stop(manager)
+        noop.stop()
+        client.close()
+
+    # Then the manager keeps most of pykka's own message rate
+    ratios = [n / m for m, n in zip(seconds["manager"], seconds["no-op"], strict=True)]
+    rate = {name: MESSAGES / statistics.median(values) for name, values in seconds.items()}
+    report.section(
+        f"### Messages: {half:,} track_job + {half:,} untrack_job (median of {rounds} rounds)\n\n"
+        + _table(
+            ["actor", "messages/s", "vs no-op, per round"],
+            [
+                [
+                    "LockManager (track_job/untrack_job)",
+                    f"{rate['manager']:,.0f}",
+                    " ".join(f"{r:.2f}" for r in ratios),
+                ],
+                ["no-op pykka actor (tell)", f"{rate['no-op']:,.0f}", "1.00"],
+            ],
+        )
+    )
+    passed = report.check(
+        "track+untrack rate / no-op actor's tell rate",
+        statistics.median(ratios),
+        0.7,
+        "x",
+        at_most=False,
+    )
+    assert passed, "the manager handles tells too slowly: see the report"
+
+
+def test_bytes_per_tracked_job(bench_server: BenchServer, report: Report) -> None:
+    # Given a running manager
+    client = redis.Redis.from_url(bench_server.url, socket_timeout=5)
+    manager = start_link(connection=client, keys=KEYS, lock_duration=QUIET_LOCK_DURATION)
+    try:
+        assert get_active_job_count(manager, timeout=ASK_TIMEOUT) == 0
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.take_snapshot()
+
+            # When it tracks MEMORY_JOBS jobs whose ids and tokens only it keeps
+            for i in range(MEMORY_JOBS):
+                track_job(manager, f"job:{i:06d}", str(uuid.uuid4()))
+            assert get_active_job_count(manager, timeout=ASK_TIMEOUT) == MEMORY_JOBS
+            gc.collect()
+            after = tracemalloc.take_snapshot()
+        finally:
+            tracemalloc.stop()
+    finally:
+        stop(manager)
+        client.close()
+
+    # Then its state costs at most a few hundred bytes per job
+    growth = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    per_job = growth / MEMORY_JOBS
+    report.section(
+        f"### Memory\n\n{MEMORY_JOBS:,} tracked jobs (ids like `job:000042`, uuid4 tokens) "
+        f"grow the process by {growth / 1e6:,.1f} MB: {per_job:,.0f} bytes per job, "
+        "id and token strings included.\n"
+    )
+    passed = report.check(
+        f"bytes per tracked job at {MEMORY_JOBS:,}", per_job, 400, "B", at_most=True
+    )
+    assert passed, "tracked jobs take too much memory: see the report"
