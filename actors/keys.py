@@ -5,7 +5,7 @@ Pure string building: nothing here talks to Redis.
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_PREFIX", "QueueKeys", "hash_slot", "key_hash_tag"]
+__all__ = ["DEFAULT_PREFIX", "QueueKeys", "hash_slot", "key_hash_tag", "require_text"]
 
 #: The prefix EchoMQ puts before every queue's keys. BullMQ uses ``"bull"``.
 DEFAULT_PREFIX = "emq"
@@ -13,7 +13,13 @@ DEFAULT_PREFIX = "emq"
 _SLOTS = 16384
 
 
-def _require_name(value: object, argument: str) -> str:
+def require_text(value: object, argument: str) -> str:
+    """Return ``value`` if it is a non-empty ``str``; raise naming ``argument`` otherwise.
+
+    Raises:
+        TypeError: ``value`` is not a ``str``.
+        ValueError: ``value`` is empty.
+    """
     if not isinstance(value, str):
         raise TypeError(f"{argument} must be a str, got {type(value).__name__}")
     if not value:
@@ -42,8 +48,8 @@ class QueueKeys:
     __slots__ = ("_base", "_key_prefix", "_name", "_prefix", "_stalled")
 
     def __init__(self, name: str, prefix: str = DEFAULT_PREFIX) -> None:
-        self._name = _require_name(name, "name")
-        self._prefix = _require_name(prefix, "prefix")
+        self._name = require_text(name, "name")
+        self._prefix = require_text(prefix, "prefix")
         self._base = f"{self._prefix}:{self._name}"
         self._key_prefix = self._base + ":"
         self._stalled = self._key_prefix + "stalled"
@@ -96,7 +102,7 @@ class QueueKeys:
             TypeError: ``job_id`` is not a ``str``.
             ValueError: ``job_id`` is empty.
         """
-        return f"{self._key_prefix}{_require_name(job_id, 'job_id')}:lock"
+        return f"{self._key_prefix}{require_text(job_id, 'job_id')}:lock"
 
     def __repr__(self) -> str:
         return f"QueueKeys({self._name!r}, prefix={self._prefix!r})"

@@ -24,7 +24,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from actors import _telemetry
-from actors.keys import QueueKeys
+from actors.keys import QueueKeys, require_text
 from actors.messages import (
     ExtendLocks,
     GetActiveJobCount,
@@ -35,7 +35,13 @@ from actors.messages import (
     UntrackJob,
 )
 from actors.schedule import DEFAULT_LOCK_DURATION, Timing, next_deadline, select_due
-from actors.scripts import DEFAULT_MAX_BATCH, BatchOutcome, renew_batch
+from actors.scripts import (
+    DEFAULT_MAX_BATCH,
+    BatchOutcome,
+    check_max_batch,
+    is_cluster,
+    renew_batch,
+)
 from actors.stats import Stats
 
 if TYPE_CHECKING:
@@ -69,21 +75,9 @@ def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-def _require_id(value: object, argument: str) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{argument} must be a str, got {type(value).__name__}")
-    if not value:
-        raise ValueError(f"{argument} must not be empty")
-    return value
-
-
 def _require_callback(value: object, argument: str) -> None:
     if value is not None and not callable(value):
         raise TypeError(f"{argument} must be callable or None, got {type(value).__name__}")
-
-
-def _is_cluster(conn: object) -> bool:
-    return isinstance(conn, redis.RedisCluster)
 
 
 def client_for_url(url: str, interval_ms: int) -> redis.Redis:
@@ -290,8 +284,7 @@ class LockManager(pykka.ThreadingActor):
         if not isinstance(keys, QueueKeys):
             raise TypeError(f"keys must be a QueueKeys, got {type(keys).__name__}")
         self._timing = Timing(lock_duration, lock_renew_time)
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch <= 0:
-            raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
+        check_max_batch(max_batch)
         _require_callback(on_lock_renewal_failed, "on_lock_renewal_failed")
         _require_callback(on_locks_renewed, "on_locks_renewed")
         _require_callback(on_error, "on_error")
@@ -307,7 +300,7 @@ class LockManager(pykka.ThreadingActor):
                 f"got {type(connection).__name__}"
             )
         elif _socket_timeout(connection) is None and _renewer is None:
-            if _is_cluster(connection):
+            if is_cluster(connection):
                 advice = (
                     "build it with actors.cluster.cluster_client(url, "
                     f"interval_ms={self._timing.interval})"
@@ -320,7 +313,7 @@ class LockManager(pykka.ThreadingActor):
                 keys.name,
                 advice,
             )
-        if _is_cluster(connection):
+        if is_cluster(connection):
             check_cluster_keys(keys)
         self._conn: Any = connection
         self._on_failed = on_lock_renewal_failed
@@ -413,7 +406,7 @@ class LockManager(pykka.ThreadingActor):
     def _on_untrack(self, message: UntrackJob) -> None:
         job_id = message.job_id
         if not (isinstance(job_id, str) and job_id):
-            _require_id(job_id, "job_id")
+            require_text(job_id, "job_id")
         self._jobs.untrack(job_id)
 
     # -- operations (also proxy methods) -------------------------------
@@ -427,8 +420,8 @@ class LockManager(pykka.ThreadingActor):
             TypeError: ``job_id`` or ``token`` is not a ``str``.
             ValueError: ``job_id`` or ``token`` is empty.
         """
-        _require_id(job_id, "job_id")
-        _require_id(token, "token")
+        require_text(job_id, "job_id")
+        require_text(token, "token")
         self._jobs.track(job_id, token, self._clock())
 
     def untrack_job(self, job_id: str) -> None:
@@ -438,7 +431,7 @@ class LockManager(pykka.ThreadingActor):
             TypeError: ``job_id`` is not a ``str``.
             ValueError: ``job_id`` is empty.
         """
-        self._jobs.untrack(_require_id(job_id, "job_id"))
+        self._jobs.untrack(require_text(job_id, "job_id"))
 
     def get_active_job_count(self) -> int:
         """Return how many jobs are tracked."""
@@ -655,8 +648,8 @@ def track_job(manager: pykka.ActorRef[LockManager], job_id: str, token: str) -> 
         ValueError: ``job_id`` or ``token`` is empty.
     """
     if not (isinstance(job_id, str) and job_id and isinstance(token, str) and token):
-        _require_id(job_id, "job_id")
-        _require_id(token, "token")
+        require_text(job_id, "job_id")
+        require_text(token, "token")
     _tell(manager, TrackJob(job_id, token))
 
 
@@ -685,7 +678,7 @@ def untrack_job(
         ValueError: ``job_id`` is empty.
         pykka.Timeout: With ``wait``, no answer within ``timeout`` seconds.
     """
-    message = UntrackJob(_require_id(job_id, "job_id"))
+    message = UntrackJob(require_text(job_id, "job_id"))
     if not wait:
         _tell(manager, message)
         return
@@ -740,7 +733,7 @@ def is_tracked(
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
     tracked: bool = manager.ask(
-        IsTracked(_require_id(job_id, "job_id")), block=True, timeout=timeout
+        IsTracked(require_text(job_id, "job_id")), block=True, timeout=timeout
     )
     return tracked
 

@@ -138,8 +138,20 @@ def _evalsha_args(
     )
 
 
-def _is_cluster(conn: object) -> bool:
+def is_cluster(conn: object) -> bool:
+    """Whether ``conn`` is a ``redis.RedisCluster`` client."""
     return isinstance(conn, RedisCluster)
+
+
+def check_max_batch(max_batch: object) -> int:
+    """Return ``max_batch`` if it is a positive ``int``.
+
+    Raises:
+        ValueError: It is not.
+    """
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch <= 0:
+        raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
+    return max_batch
 
 
 def _is_noscript(reply: object) -> bool:
@@ -193,46 +205,19 @@ def renew_batch(
             to have run.
     """
     _validate(job_ids, tokens, duration, each=check_items)
-    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch <= 0:
-        raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
+    check_max_batch(max_batch)
     total = len(job_ids)
     if total == 0:
         return BatchOutcome([], [])
-    if total <= max_batch:
-        outcome = _renew_one(conn, keys, job_ids, tokens, duration)
-    else:
-        bounds = [(start, min(start + max_batch, total)) for start in range(0, total, max_batch)]
-        outcome = _renew_pipelined(conn, keys, job_ids, tokens, duration, bounds)
-    if outcome.failed and _is_cluster(conn):
+    bounds = [(start, min(start + max_batch, total)) for start in range(0, total, max_batch)]
+    outcome = _renew_chunks(conn, keys, job_ids, tokens, duration, bounds)
+    if outcome.failed and is_cluster(conn):
         # While the slot migrates, the script may run where only part of the
         # queue's keys are and miss locks that are still held.
         from actors.cluster import confirm_failed
 
         outcome = confirm_failed(conn, keys, job_ids, tokens, outcome)
     return outcome
-
-
-def _renew_one(
-    conn: Any, keys: QueueKeys, job_ids: Sequence[str], tokens: Sequence[str], duration: int
-) -> BatchOutcome:
-    args = _evalsha_args(keys, job_ids, tokens, duration)
-    try:
-        reply = conn.execute_command(*args)
-    except NoScriptError:
-        # The server lost its script cache (restart, SCRIPT FLUSH, failover):
-        # load it once and send the same call again.
-        logger.debug("%s not cached by the server; loading it", SCRIPT_NAME)
-        if _is_cluster(conn):
-            reply = conn.execute_command(*_with_source(args))
-        else:
-            conn.script_load(script_source())
-            reply = conn.execute_command(*args)
-    except ResponseError as exc:
-        return BatchOutcome([], [ChunkError(0, len(job_ids), exc)])
-    try:
-        return BatchOutcome(_as_ids(reply), [])
-    except ResponseError as exc:
-        return BatchOutcome([], [ChunkError(0, len(job_ids), exc)])
 
 
 def _send_chunks(
@@ -247,7 +232,7 @@ def _send_chunks(
 ) -> list[Any]:
     pipe = conn.pipeline(transaction=False)
     options: dict[str, Any] = {}
-    if _is_cluster(conn):
+    if is_cluster(conn):
         # Routed by hand: a cluster pipeline otherwise asks its default node
         # for each EVALSHA's keys (COMMAND GETKEYS), and fails for as long as
         # that node is down. Redirections are still followed.
@@ -267,7 +252,7 @@ def _with_source(evalsha_args: tuple[Any, ...]) -> tuple[Any, ...]:
     return ("EVAL", script_source(), *evalsha_args[2:])
 
 
-def _renew_pipelined(
+def _renew_chunks(
     conn: Any,
     keys: QueueKeys,
     job_ids: Sequence[str],
@@ -278,8 +263,10 @@ def _renew_pipelined(
     replies = _send_chunks(conn, keys, job_ids, tokens, duration, bounds)
     missing = [i for i, reply in enumerate(replies) if _is_noscript(reply)]
     if missing:
+        # The server lost its script cache (restart, SCRIPT FLUSH, failover):
+        # load the script and send the same calls again.
         logger.debug("%s not cached by the server; loading it", SCRIPT_NAME)
-        cluster = _is_cluster(conn)
+        cluster = is_cluster(conn)
         if not cluster:
             conn.script_load(script_source())
         resent = _send_chunks(
