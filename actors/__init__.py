@@ -7,17 +7,24 @@ Example:
     >>> from actors import QueueKeys, start_link, track_job, untrack_job, stop
     >>> manager = start_link(connection="redis://localhost:6379/0", keys=QueueKeys("myqueue"))
     >>> track_job(manager, "42", token)
-    >>> untrack_job(manager, "42")
+    >>> untrack_job(manager, "42", wait=True)
     >>> stop(manager)
+
+The layers, each importing only from those above it in this list: pure logic
+(:mod:`~actors.validation`, :mod:`~actors.keys`, :mod:`~actors.schedule`,
+:mod:`~actors.messages`, :mod:`~actors.lost`, :mod:`~actors.stats`,
+:mod:`~actors.jobs`); Redis I/O (:mod:`~actors.connection`,
+:mod:`~actors.scripts`, :mod:`~actors.renewer`); the actor
+(:mod:`~actors.timer`, :mod:`~actors.ref`, :mod:`~actors.lock_manager`,
+:mod:`~actors.api`, :mod:`~actors.lease`); tools (:mod:`~actors.cli`,
+:mod:`~actors.embedded`, :mod:`~actors.bullmq`).
 """
 
 from __future__ import annotations
 
 import logging
 
-from actors.keys import DEFAULT_PREFIX, QueueKeys
-from actors.lock_manager import (
-    LockManager,
+from actors.api import (
     get_active_job_count,
     get_stats,
     get_tracked_job_ids,
@@ -27,6 +34,9 @@ from actors.lock_manager import (
     track_job,
     untrack_job,
 )
+from actors.keys import DEFAULT_PREFIX, QueueKeys
+from actors.lock_manager import LockManager
+from actors.lost import LockLost, LostLock
 from actors.messages import (
     ExtendLocks,
     GetActiveJobCount,
@@ -36,27 +46,18 @@ from actors.messages import (
     TrackJob,
     UntrackJob,
 )
+from actors.ref import ManagerRef, ManagerStopped
+from actors.renewer import RedisRenewer, Renewer
 from actors.schedule import DEFAULT_LOCK_DURATION, Timing
 from actors.scripts import DEFAULT_MAX_BATCH, extend_locks
 from actors.stats import Stats
+from actors.timer import ManualTimer, ThreadTimer, Timer
 
 __all__ = [
-    "DEFAULT_LOCK_DURATION",
-    "DEFAULT_MAX_BATCH",
-    "DEFAULT_PREFIX",
-    "ExtendLocks",
-    "GetActiveJobCount",
-    "GetStats",
-    "GetTrackedJobIds",
-    "IsTracked",
+    # The manager and its helpers
     "LockManager",
-    "QueueKeys",
-    "Stats",
-    "Timing",
-    "TrackJob",
-    "UntrackJob",
-    "__version__",
-    "extend_locks",
+    "ManagerRef",
+    "ManagerStopped",
     "get_active_job_count",
     "get_stats",
     "get_tracked_job_ids",
@@ -65,8 +66,34 @@ __all__ = [
     "stop",
     "track_job",
     "untrack_job",
+    # Lost locks
+    "LockLost",
+    "LostLock",
+    # Messages (the low-level door)
+    "ExtendLocks",
+    "GetActiveJobCount",
+    "GetStats",
+    "GetTrackedJobIds",
+    "IsTracked",
+    "TrackJob",
+    "UntrackJob",
+    # Keys, timing, counters
+    "DEFAULT_LOCK_DURATION",
+    "DEFAULT_PREFIX",
+    "QueueKeys",
+    "Stats",
+    "Timing",
+    # Seams: what renews, and what ticks
+    "DEFAULT_MAX_BATCH",
+    "ManualTimer",
+    "RedisRenewer",
+    "Renewer",
+    "ThreadTimer",
+    "Timer",
+    "extend_locks",
+    "__version__",
 ]
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

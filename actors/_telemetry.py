@@ -27,6 +27,8 @@ __all__ = [
     "ATTR_FAILED",
     "ATTR_FAILED_IDS",
     "ATTR_JOBS",
+    "ATTR_LATENESS",
+    "ATTR_MARGIN",
     "ATTR_OPERATION",
     "ATTR_QUEUE",
     "MAX_FAILED_IDS",
@@ -56,6 +58,11 @@ ATTR_CALLS = "echomq.lock.script_calls"
 #: (OpenTelemetry's semantic convention).
 ATTR_ERROR_TYPE = "error.type"
 
+#: Span attribute: how late the last timer tick ran against its grid, in ms.
+ATTR_LATENESS = "echomq.lock.tick_lateness_ms"
+#: Span attribute: the least time a due lock had left when renewed, in ms.
+ATTR_MARGIN = "echomq.lock.margin_ms"
+
 #: Most lost ids one span lists; the count is always exact.
 MAX_FAILED_IDS = 100
 
@@ -81,6 +88,14 @@ class TickSpan:
         span.set_attribute(ATTR_CALLS, calls)
         if failed:
             span.set_attribute(ATTR_FAILED_IDS, list(failed[:MAX_FAILED_IDS]))
+
+    def lateness(self, late_ms: float, margin_ms: float) -> None:
+        """Record how late the tick ran and the least time a due lock had left."""
+        span = self._span
+        if span is None or not span.is_recording():
+            return
+        span.set_attribute(ATTR_LATENESS, late_ms)
+        span.set_attribute(ATTR_MARGIN, margin_ms)
 
     def error(self, exc: BaseException) -> None:
         """Record the error that failed the tick, in whole or in part."""

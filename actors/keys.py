@@ -1,30 +1,34 @@
 """Key names of one queue, as every EchoMQ and BullMQ runtime spells them.
 
-Pure string building: nothing here talks to Redis.
+Pure string building, both ways: a job id to its lock key and back. Nothing
+here talks to Redis.
 """
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_PREFIX", "QueueKeys", "hash_slot", "key_hash_tag", "require_text"]
+from actors.validation import require_text
+
+__all__ = ["DEFAULT_PREFIX", "LOCK_SUFFIX", "QueueKeys", "hash_tag"]
 
 #: The prefix EchoMQ puts before every queue's keys. BullMQ uses ``"bull"``.
 DEFAULT_PREFIX = "emq"
 
-_SLOTS = 16384
+#: What ends every lock key: ``{prefix}:{queue}:{job_id}:lock``.
+LOCK_SUFFIX = ":lock"
 
 
-def require_text(value: object, argument: str) -> str:
-    """Return ``value`` if it is a non-empty ``str``; raise naming ``argument`` otherwise.
+def hash_tag(key: str) -> str | None:
+    """Return the hash tag of ``key``: the text Redis Cluster hashes, or ``None``.
 
-    Raises:
-        TypeError: ``value`` is not a ``str``.
-        ValueError: ``value`` is empty.
+    That is the text between the first ``{`` and the next ``}`` when it is
+    not empty; without one, a cluster hashes the whole key.
     """
-    if not isinstance(value, str):
-        raise TypeError(f"{argument} must be a str, got {type(value).__name__}")
-    if not value:
-        raise ValueError(f"{argument} must not be empty")
-    return value
+    start = key.find("{")
+    if start != -1:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return key[start + 1 : end]
+    return None
 
 
 class QueueKeys:
@@ -34,15 +38,21 @@ class QueueKeys:
         >>> keys = QueueKeys("myqueue")
         >>> keys.lock("42")
         'emq:myqueue:42:lock'
+        >>> keys.job_id("emq:myqueue:42:lock")
+        '42'
 
     Args:
-        name: The queue's name. Wrap it in braces (``"{myqueue}"``) to keep all
-            of the queue's keys in one hash slot on a Redis Cluster.
-        prefix: The key prefix shared by all queues of one deployment.
+        name: The queue's name, without the prefix. Wrap it in braces
+            (``"{myqueue}"``) to keep all of the queue's keys in one hash slot
+            on a Redis Cluster.
+        prefix: The key prefix shared by all queues of one deployment
+            (``"bull"`` for BullMQ).
 
     Raises:
         TypeError: ``name`` or ``prefix`` is not a ``str``.
-        ValueError: ``name`` or ``prefix`` is empty.
+        ValueError: ``name`` or ``prefix`` is empty, or ``name`` holds a
+            ``:`` (a queue name never does, in BullMQ 5 and EchoMQ: a name
+            like ``"bull:emails"`` is a prefix and a name run together).
     """
 
     __slots__ = ("_base", "_key_prefix", "_name", "_prefix", "_stalled")
@@ -50,6 +60,12 @@ class QueueKeys:
     def __init__(self, name: str, prefix: str = DEFAULT_PREFIX) -> None:
         self._name = require_text(name, "name")
         self._prefix = require_text(prefix, "prefix")
+        if ":" in name:
+            head, _, tail = name.rpartition(":")
+            raise ValueError(
+                f"name must not contain ':', got {name!r}; for the keys "
+                f"'{name}:<job_id>:lock' use QueueKeys({tail!r}, prefix={head!r})"
+            )
         self._base = f"{self._prefix}:{self._name}"
         self._key_prefix = self._base + ":"
         self._stalled = self._key_prefix + "stalled"
@@ -83,26 +99,40 @@ class QueueKeys:
     def hash_tag(self) -> str | None:
         """The hash tag every key of the queue shares, or ``None``.
 
-        Redis Cluster hashes only the text between the first ``{`` and the
-        next ``}`` of a key. When that pair closes inside :attr:`base`, every
-        key of the queue (whatever the job id) lands in one slot.
+        When the first ``{...}`` pair closes inside :attr:`base`, every key of
+        the queue (whatever the job id) lands in one cluster slot.
         """
-        start = self._base.find("{")
-        if start == -1:
-            return None
-        end = self._base.find("}", start + 1)
-        if end <= start + 1:
-            return None
-        return self._base[start + 1 : end]
+        return hash_tag(self._base)
+
+    @property
+    def lock_pattern(self) -> str:
+        """A SCAN ``MATCH`` pattern for every lock key of the queue."""
+        return _glob_escape(self._key_prefix) + "*" + LOCK_SUFFIX
 
     def lock(self, job_id: str) -> str:
         """Return the lock key of one job: ``{prefix}:{name}:{job_id}:lock``.
 
         Raises:
             TypeError: ``job_id`` is not a ``str``.
-            ValueError: ``job_id`` is empty.
+            ValueError: ``job_id`` is not a valid id (empty, not UTF-8, too long).
         """
-        return f"{self._key_prefix}{require_text(job_id, 'job_id')}:lock"
+        return f"{self._key_prefix}{require_text(job_id, 'job_id')}{LOCK_SUFFIX}"
+
+    def job_id(self, lock_key: str | bytes) -> str | None:
+        """Return the job id of one of this queue's lock keys, or ``None``.
+
+        Bytes (a reply of a client without ``decode_responses``) are decoded
+        as UTF-8, with undecodable bytes replaced.
+        """
+        key = lock_key.decode("utf-8", "replace") if isinstance(lock_key, bytes) else lock_key
+        prefix = self._key_prefix
+        if (
+            len(key) > len(prefix) + len(LOCK_SUFFIX)
+            and key.startswith(prefix)
+            and key.endswith(LOCK_SUFFIX)
+        ):
+            return key[len(prefix) : -len(LOCK_SUFFIX)]
+        return None
 
     def __repr__(self) -> str:
         return f"QueueKeys({self._name!r}, prefix={self._prefix!r})"
@@ -116,30 +146,8 @@ class QueueKeys:
         return hash((QueueKeys, self._name, self._prefix))
 
 
-def key_hash_tag(key: str) -> str:
-    """Return the part of ``key`` that Redis Cluster hashes.
-
-    That is the text between the first ``{`` and the next ``}`` when it is not
-    empty, and the whole key otherwise.
-    """
-    start = key.find("{")
-    if start != -1:
-        end = key.find("}", start + 1)
-        if end > start + 1:
-            return key[start + 1 : end]
-    return key
+_GLOB_SPECIAL = frozenset("\\*?[]{}^-")
 
 
-def _crc16_xmodem(data: bytes) -> int:
-    crc = 0
-    for byte in data:
-        crc ^= byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
-            crc &= 0xFFFF
-    return crc
-
-
-def hash_slot(key: str) -> int:
-    """Return the Redis Cluster hash slot (0-16383) of ``key``."""
-    return _crc16_xmodem(key_hash_tag(key).encode("utf-8")) % _SLOTS
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + char if char in _GLOB_SPECIAL else char for char in text)

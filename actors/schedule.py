@@ -15,8 +15,11 @@ threshold, a job is renewed every one or two ticks, so it waits at most
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from actors.validation import MAX_DURATION_MS, require_int
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -24,8 +27,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_LOCK_DURATION",
     "Timing",
+    "monotonic_ms",
     "next_deadline",
-    "positive_int",
     "select_due",
 ]
 
@@ -33,18 +36,9 @@ __all__ = [
 DEFAULT_LOCK_DURATION = 30000
 
 
-def positive_int(value: object, argument: str) -> int:
-    """Return ``value`` if it is a positive ``int``.
-
-    Raises:
-        TypeError: ``value`` is not an ``int`` (``bool`` included).
-        ValueError: ``value`` is zero or negative.
-    """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{argument} must be an int, got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"{argument} must be positive, got {value}")
-    return value
+def monotonic_ms() -> int:
+    """Return the monotonic clock in milliseconds: a manager's default clock."""
+    return time.monotonic_ns() // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +52,9 @@ class Timing:
 
     Raises:
         TypeError: A duration is not an ``int``.
-        ValueError: A duration is not positive, ``lock_renew_time`` is not
-            below ``lock_duration``, or the timer interval
+        ValueError: A duration is not positive or above
+            :data:`~actors.validation.MAX_DURATION_MS`, ``lock_renew_time`` is
+            not below ``lock_duration``, or the timer interval
             (``lock_renew_time // 2``) would be under 1 ms.
     """
 
@@ -69,17 +64,13 @@ class Timing:
     lock_renew_time: int | None = None
 
     def __post_init__(self) -> None:
-        duration = positive_int(self.lock_duration, "lock_duration")
+        duration = require_int(self.lock_duration, "lock_duration", maximum=MAX_DURATION_MS)
         renew = self.lock_renew_time
         if renew is None:
+            duration = require_int(duration, "lock_duration", minimum=4)
             renew = duration // 2
-            if renew < 2:
-                raise ValueError(
-                    f"lock_duration must be at least 4 ms (the timer interval is "
-                    f"lock_duration // 4), got {duration}"
-                )
             object.__setattr__(self, "lock_renew_time", renew)
-        positive_int(renew, "lock_renew_time")
+        require_int(renew, "lock_renew_time", maximum=MAX_DURATION_MS)
         if renew >= duration:
             raise ValueError(
                 f"lock_renew_time must be below lock_duration ({duration}), got {renew}"

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgpack
-from redis import RedisCluster
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+from actors.connection import hash_slot, is_cluster
+from actors.validation import require_int
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -27,9 +28,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_BATCH",
+    "EXPIRED",
     "SCRIPT_NAME",
+    "STOLEN",
     "BatchOutcome",
     "ChunkError",
+    "UnconfirmedLossError",
+    "classify_failed",
     "extend_locks",
     "renew_batch",
     "script_sha",
@@ -50,16 +55,12 @@ DEFAULT_MAX_BATCH = 250
 
 @lru_cache(maxsize=1)
 def script_source() -> str:
-    """Return the text of ``extendLocks-1.lua``.
+    """Return the text of ``extendLocks-1.lua``, which lives beside this module.
 
-    The wheel ships it as ``actors/lua/extendLocks-1.lua``; a source checkout
-    keeps it in the top-level ``lua/`` folder.
+    The top-level ``lua/extendLocks-1.lua`` that other runtimes read is a link
+    to the same file.
     """
-    packaged = resources.files("actors") / "lua" / SCRIPT_NAME
-    if packaged.is_file():
-        return packaged.read_text(encoding="utf-8")
-    checkout = Path(__file__).resolve().parent.parent / "lua" / SCRIPT_NAME
-    return checkout.read_text(encoding="utf-8")
+    return (resources.files("actors") / "lua" / SCRIPT_NAME).read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=1)
@@ -80,6 +81,11 @@ class ChunkError:
     error: Exception
 
 
+#: Why a lock was lost, as read back from the server: another token holds
+#: it (or the key holds something else), or it is gone.
+STOLEN, EXPIRED = "stolen", "expired"
+
+
 @dataclass(frozen=True, slots=True)
 class BatchOutcome:
     """What one batched renewal did."""
@@ -88,6 +94,17 @@ class BatchOutcome:
     failed: list[str]
     #: Chunks that did not run; their jobs' locks are in an unknown state.
     errors: list[ChunkError]
+    #: Why each failed id lost its lock: :data:`STOLEN` or :data:`EXPIRED`.
+    reasons: dict[str, str] = field(default_factory=dict)
+
+
+class UnconfirmedLossError(RedisError):
+    """The script found no lock, yet a read-back finds it held with the job's token.
+
+    It happens while a cluster slot migrates (the script ran where only part
+    of the slot's keys were), or when the read-back itself failed. The job
+    stays tracked and the next tick tries it again.
+    """
 
 
 def _validate(
@@ -138,22 +155,6 @@ def _evalsha_args(
     )
 
 
-def is_cluster(conn: object) -> bool:
-    """Whether ``conn`` is a ``redis.RedisCluster`` client."""
-    return isinstance(conn, RedisCluster)
-
-
-def check_max_batch(max_batch: object) -> int:
-    """Return ``max_batch`` if it is a positive ``int``.
-
-    Raises:
-        ValueError: It is not.
-    """
-    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch <= 0:
-        raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
-    return max_batch
-
-
 def _is_noscript(reply: object) -> bool:
     return isinstance(reply, NoScriptError) or (
         isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT")
@@ -181,8 +182,9 @@ def renew_batch(
     On a ``redis.RedisCluster`` the chunks go to the node serving the queue's
     slot (redirections followed), NOSCRIPT is answered with EVAL there, and
     each id the script reports failed is read back by
-    :func:`actors.cluster.confirm_failed`: a lock still held with its token
-    (the slot was migrating) comes back in ``errors``, not in ``failed``.
+    :func:`classify_failed` (on any server): a lock still held with its token
+    (a cluster slot was migrating) comes back in ``errors``, not in
+    ``failed``, and every lost one gets its reason.
 
     Args:
         conn: A ``redis.Redis`` or ``redis.RedisCluster`` client.
@@ -205,18 +207,14 @@ def renew_batch(
             to have run.
     """
     _validate(job_ids, tokens, duration, each=check_items)
-    check_max_batch(max_batch)
+    require_int(max_batch, "max_batch")
     total = len(job_ids)
     if total == 0:
         return BatchOutcome([], [])
     bounds = [(start, min(start + max_batch, total)) for start in range(0, total, max_batch)]
     outcome = _renew_chunks(conn, keys, job_ids, tokens, duration, bounds)
-    if outcome.failed and is_cluster(conn):
-        # While the slot migrates, the script may run where only part of the
-        # queue's keys are and miss locks that are still held.
-        from actors.cluster import confirm_failed
-
-        outcome = confirm_failed(conn, keys, job_ids, tokens, outcome)
+    if outcome.failed:
+        outcome = classify_failed(conn, keys, job_ids, tokens, outcome)
     return outcome
 
 
@@ -325,3 +323,88 @@ def extend_locks(
     if outcome.errors:
         raise outcome.errors[0].error
     return outcome.failed
+
+
+def classify_failed(
+    conn: Any,
+    keys: QueueKeys,
+    job_ids: Sequence[str],
+    tokens: Sequence[str],
+    outcome: BatchOutcome,
+) -> BatchOutcome:
+    """Read the reported locks back: say why each was lost, keep the still-held ones.
+
+    The script's reply is BullMQ's, a list of ids, so the reason is read
+    afterwards: one pipelined GET per reported lock, a round trip paid only
+    when something was lost. Each GET is routed by its own key, so on a
+    cluster it finds the lock on whichever node holds it now.
+
+    - no key: :data:`EXPIRED`;
+    - another value, or a key of another type: :data:`STOLEN`;
+    - the job's own token: the script could not see it (a cluster slot was
+      migrating): a one-job :class:`ChunkError` carrying
+      :class:`UnconfirmedLossError`, retried by the next tick.
+
+    When the read-back itself fails, every reported id becomes such an error:
+    its lock is in an unknown state, and the next tick tries again.
+
+    Args:
+        conn: The client the script ran on.
+        keys: The queue's keys.
+        job_ids: The batch's ids, as given to the script.
+        tokens: Each job's token, in the same order.
+        outcome: What the script reported.
+    """
+    position = {job_id: i for i, job_id in enumerate(job_ids)}
+    pipe = conn.pipeline(transaction=False)
+    for job_id in outcome.failed:
+        pipe.get(keys.lock(job_id))
+    try:
+        values = pipe.execute(raise_on_error=False)
+    except RedisError as exc:
+        logger.warning(
+            "queue %r: could not read back %d lost lock(s), retrying them next tick: %s",
+            keys.name,
+            len(outcome.failed),
+            exc,
+        )
+        values = [exc] * len(outcome.failed)
+    lost: list[str] = []
+    reasons: dict[str, str] = {}
+    held: list[ChunkError] = []
+    for job_id, value in zip(outcome.failed, values, strict=True):
+        i = position[job_id]
+        if isinstance(value, ResponseError) and str(value).startswith("WRONGTYPE"):
+            value = b"\0"  # the key holds something that is not a token
+        if isinstance(value, Exception):
+            held.append(ChunkError(i, i + 1, _unconfirmed(keys, job_id, value)))
+            continue
+        current = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+        if current is None:
+            reasons[job_id] = EXPIRED
+        elif current == tokens[i]:
+            held.append(ChunkError(i, i + 1, _unconfirmed(keys, job_id, None)))
+            continue
+        else:
+            reasons[job_id] = STOLEN
+        lost.append(job_id)
+    if held:
+        logger.info(
+            "queue %r: %d lock(s) reported lost could not be confirmed lost; "
+            "retrying them next tick",
+            keys.name,
+            len(held),
+        )
+    return BatchOutcome(lost, [*outcome.errors, *held], reasons)
+
+
+def _unconfirmed(keys: QueueKeys, job_id: str, cause: Exception | None) -> UnconfirmedLossError:
+    if cause is not None:
+        return UnconfirmedLossError(
+            f"the lock of job {job_id!r} was reported lost but could not be read back "
+            f"({type(cause).__name__}: {cause}); it is retried next tick"
+        )
+    return UnconfirmedLossError(
+        f"the lock of job {job_id!r} is still held but the renewal script could not see it "
+        f"(slot {hash_slot(keys.stalled)} is being migrated); it is retried next tick"
+    )

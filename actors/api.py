@@ -1,0 +1,246 @@
+"""The module helpers: the seed's API, one function per operation.
+
+Each builds the operation's message (which checks its arguments in the
+caller's thread) and sends it to the manager; the queries wait for the answer.
+From a manager's own thread (one of its callbacks) a query answers at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from actors.lock_manager import LockManager
+from actors.messages import (
+    GetActiveJobCount,
+    GetStats,
+    GetTrackedJobIds,
+    IsTracked,
+    TrackJob,
+    UntrackJob,
+)
+from actors.ref import ManagerRef, ManagerStopped
+from actors.schedule import DEFAULT_LOCK_DURATION
+from actors.scripts import DEFAULT_MAX_BATCH
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from actors.connection import Client
+    from actors.lost import LostLock
+    from actors.messages import Notify
+    from actors.renewer import Renewer
+    from actors.stats import Stats
+    from actors.timer import TimerFactory
+
+__all__ = [
+    "get_active_job_count",
+    "get_stats",
+    "get_tracked_job_ids",
+    "is_tracked",
+    "start_link",
+    "stop",
+    "track_job",
+    "untrack_job",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def start_link(
+    *,
+    connection: Client | str | None = None,
+    keys: Any,
+    lock_duration: int = DEFAULT_LOCK_DURATION,
+    lock_renew_time: int | None = None,
+    on_lock_renewal_failed: Callable[[list[LostLock]], object] | None = None,
+    on_locks_renewed: Callable[[list[str]], object] | None = None,
+    on_error: Callable[[Exception], object] | None = None,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    max_hold: int | None = None,
+    renewer: Renewer | None = None,
+    clock: Callable[[], int] | None = None,
+    timer: TimerFactory | None = None,
+) -> ManagerRef:
+    """Start a :class:`~actors.LockManager` and return its reference.
+
+    Example:
+        >>> manager = start_link(connection=redis.Redis(socket_timeout=1),
+        ...                      keys=QueueKeys("myqueue"))
+        >>> track_job(manager, "42", token)
+
+    Args: as for :class:`~actors.LockManager`.
+
+    Raises:
+        TypeError: An argument has the wrong type.
+        ValueError: A duration is out of range, the client's encoding is not
+            UTF-8, or a cluster client was given for keys that cannot share
+            one hash slot.
+    """
+    ref: ManagerRef = LockManager.start(
+        connection=connection,
+        keys=keys,
+        lock_duration=lock_duration,
+        lock_renew_time=lock_renew_time,
+        on_lock_renewal_failed=on_lock_renewal_failed,
+        on_locks_renewed=on_locks_renewed,
+        on_error=on_error,
+        max_batch=max_batch,
+        max_hold=max_hold,
+        renewer=renewer,
+        clock=clock,
+        timer=timer,
+    )
+    return ref
+
+
+def _manager(manager: object) -> ManagerRef:
+    if not isinstance(manager, ManagerRef):
+        raise TypeError(
+            "manager must be the reference start_link (or LockManager.start) returned, "
+            f"got {type(manager).__name__}"
+        )
+    return manager
+
+
+def _send(manager: ManagerRef, message: object, what: str) -> None:
+    try:
+        manager.tell(message)
+    except ManagerStopped:
+        if manager.warn_stopped_once(what):
+            logger.warning(
+                "LockManager for queue %r is stopped: %s ignored (and any more sent to it); "
+                "start a new manager",
+                manager.queue_name,
+                what,
+            )
+
+
+def track_job(
+    manager: ManagerRef,
+    job_id: str,
+    token: str,
+    *,
+    ts: int | None = None,
+    notify: Notify | None = None,
+    max_hold: int | None = None,
+) -> None:
+    """Tell ``manager`` to renew ``job_id``'s lock, held with ``token``.
+
+    Returns at once. Tracking a tracked job again with the same token changes
+    nothing; with a new token it is a fresh lock. A stopped manager ignores it
+    (with a warning, once).
+
+    Args:
+        manager: The manager.
+        job_id: The job's id.
+        token: The value the lock holds for this worker.
+        ts: When the lock was taken, in the manager's monotonic milliseconds
+            (``time.monotonic_ns() // 1_000_000``); now when ``None``.
+        notify: An actor (anything with ``tell``) told a
+            :class:`~actors.LockLost` once if the lock is lost.
+        max_hold: Most milliseconds to renew this lock; the manager's
+            ``max_hold`` when ``None``.
+
+    Raises:
+        TypeError: An argument has the wrong type.
+        ValueError: ``job_id`` or ``token`` is empty, too long or not UTF-8;
+            ``max_hold`` is out of range.
+    """
+    _send(_manager(manager), TrackJob(job_id, token, ts, notify, max_hold), "track_job")
+
+
+def untrack_job(
+    manager: ManagerRef,
+    job_id: str,
+    *,
+    wait: bool = False,
+    timeout: float | None = None,
+) -> None:
+    """Tell ``manager`` to stop renewing ``job_id``'s lock.
+
+    Returns at once by default. Before deleting the lock itself, a worker
+    should pass ``wait=True``: the call then returns once the manager has
+    untracked the job, so no tick already queued can find the lock gone and
+    report it lost. A stopped manager tracks nothing: it returns at once.
+
+    Args:
+        manager: The manager.
+        job_id: The job's id.
+        wait: Wait until the manager has untracked the job.
+        timeout: With ``wait``, the most seconds to wait.
+
+    Raises:
+        TypeError: ``job_id`` is not a ``str``.
+        ValueError: ``job_id`` is empty, too long or not UTF-8.
+        pykka.Timeout: With ``wait``, no answer within ``timeout`` seconds.
+    """
+    manager = _manager(manager)
+    message = UntrackJob(job_id)
+    if not wait:
+        _send(manager, message, "untrack_job")
+        return
+    try:
+        manager.ask(message, timeout=timeout)
+    except ManagerStopped:
+        _send(manager, message, "untrack_job")
+
+
+def get_active_job_count(manager: ManagerRef, *, timeout: float | None = None) -> int:
+    """Ask ``manager`` how many jobs it tracks.
+
+    Raises:
+        ManagerStopped: The manager is stopped.
+        pykka.Timeout: No answer within ``timeout`` seconds.
+    """
+    count: int = _manager(manager).ask(GetActiveJobCount(), timeout=timeout)
+    return count
+
+
+def get_tracked_job_ids(manager: ManagerRef, *, timeout: float | None = None) -> list[str]:
+    """Ask ``manager`` for the ids it tracks.
+
+    Raises:
+        ManagerStopped: The manager is stopped.
+        pykka.Timeout: No answer within ``timeout`` seconds.
+    """
+    ids: list[str] = _manager(manager).ask(GetTrackedJobIds(), timeout=timeout)
+    return ids
+
+
+def is_tracked(manager: ManagerRef, job_id: str, *, timeout: float | None = None) -> bool:
+    """Ask ``manager`` whether it tracks ``job_id``.
+
+    Raises:
+        TypeError: ``job_id`` is not a ``str``.
+        ValueError: ``job_id`` is empty, too long or not UTF-8.
+        ManagerStopped: The manager is stopped.
+        pykka.Timeout: No answer within ``timeout`` seconds.
+    """
+    tracked: bool = _manager(manager).ask(IsTracked(job_id), timeout=timeout)
+    return tracked
+
+
+def get_stats(manager: ManagerRef, *, timeout: float | None = None) -> Stats:
+    """Ask ``manager`` for its counters.
+
+    Raises:
+        ManagerStopped: The manager is stopped.
+        pykka.Timeout: No answer within ``timeout`` seconds.
+    """
+    stats: Stats = _manager(manager).ask(GetStats(), timeout=timeout)
+    return stats
+
+
+def stop(manager: ManagerRef, *, timeout: float | None = None) -> None:
+    """Stop ``manager``: no tick, no Redis command and no thread is left after.
+
+    Idempotent and safe from several threads at once: a stopped or dead
+    manager is fine. Called from the manager's own thread (from a callback),
+    it stops the manager after the current message instead of waiting for
+    itself.
+
+    Raises:
+        pykka.Timeout: Not stopped within ``timeout`` seconds.
+    """
+    _manager(manager).stop(block=True, timeout=timeout)

@@ -1,0 +1,100 @@
+"""The tracked jobs of one manager: pure bookkeeping, no I/O, no threads."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+from actors.schedule import select_due
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from actors.messages import Notify
+
+__all__ = ["JobTable", "Watch"]
+
+
+class Watch(NamedTuple):
+    """What a few jobs carry beyond their token: who to tell, and until when."""
+
+    #: Told :class:`~actors.LockLost` once when the lock is lost, or ``None``.
+    notify: Notify | None
+    #: Monotonic ms after which the manager stops renewing, or ``None``.
+    deadline: int | None
+
+
+class JobTable:
+    """Each tracked job's token and when its lock was last known fresh.
+
+    Two flat dicts (id to token, id to monotonic ms) rather than a record per
+    job: CPython's garbage collector does not track dicts that hold only
+    strings and ints, so 100,000 tracked jobs add nothing to each collection,
+    and stamping a tick's renewals stores one shared int, allocating nothing
+    per job. The few jobs with a ``notify`` or a hold deadline keep a
+    :class:`Watch` in a third dict.
+    """
+
+    __slots__ = ("stamps", "tokens", "watches")
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, str] = {}
+        #: Monotonic ms of the lock's taking or of its last renewal: never
+        #: later than the moment the server set its TTL.
+        self.stamps: dict[str, int] = {}
+        self.watches: dict[str, Watch] = {}
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self.tokens
+
+    def track(self, job_id: str, token: str, ts: int, watch: Watch | None = None) -> bool:
+        """Track a job; return whether it is a new lock (new job or new token).
+
+        The same token again keeps the older stamp: a job tracked over and
+        over (a progress hook) is still renewed on time.
+        """
+        fresh = self.tokens.get(job_id) != token
+        if fresh:
+            self.tokens[job_id] = token
+            self.stamps[job_id] = ts
+        if watch is not None:
+            self.watches[job_id] = watch
+        elif fresh:
+            self.watches.pop(job_id, None)
+        return fresh
+
+    def untrack(self, job_id: str) -> tuple[str, Watch | None] | None:
+        """Forget a job; return its token and watch, or ``None`` if it was not tracked."""
+        token = self.tokens.pop(job_id, None)
+        if token is None:
+            return None
+        del self.stamps[job_id]
+        return token, self.watches.pop(job_id, None)
+
+    def ids(self) -> list[str]:
+        return list(self.tokens)
+
+    def due(self, now: int, threshold: int) -> tuple[list[str], list[str]]:
+        """Return the due ids (``ts + threshold < now``) and their tokens, in tracking order."""
+        due = select_due(self.stamps, now, threshold)
+        tokens = self.tokens
+        return due, [tokens[job_id] for job_id in due]
+
+    def oldest(self, job_ids: list[str]) -> int:
+        """Return the oldest stamp among ``job_ids`` (not empty)."""
+        return min(map(self.stamps.__getitem__, job_ids))
+
+    def stamp(self, job_ids: Iterable[str], ts: int) -> None:
+        stamps = self.stamps
+        for job_id in job_ids:
+            stamps[job_id] = ts
+
+    def overdue(self, now: int) -> list[str]:
+        """Return the ids held past their deadline."""
+        return [
+            job_id
+            for job_id, watch in self.watches.items()
+            if watch.deadline is not None and watch.deadline <= now
+        ]

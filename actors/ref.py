@@ -1,0 +1,202 @@
+"""The manager's reference: every door checked in the caller's thread.
+
+pykka hands out one ``ActorRef`` per actor; a manager's is a :class:`ManagerRef`.
+Everything that reaches the manager passes through its ``tell`` and ``ask`` —
+the module helpers, raw messages, and ``manager.proxy()`` calls, deferred or
+not — so this is where each door is made to behave the same:
+
+- a proxy call becomes the message of its operation, built (and so checked)
+  in the caller's thread: ``proxy.track_job("", t).defer()`` raises there,
+  as ``track_job(manager, "", t)`` and ``TrackJob("", t)`` do, instead of
+  failing inside the actor and stopping it;
+- a ``TrackJob`` without a time is stamped with the caller's clock;
+- asked from the manager's own thread (a callback), a query is answered at
+  once from the state right there instead of waiting for itself forever;
+- a stopped manager says so (:class:`ManagerStopped`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pykka
+from pykka.messages import ProxyCall, ProxySetAttr
+
+from actors.messages import (
+    ExtendLocks,
+    GetActiveJobCount,
+    GetStats,
+    GetTrackedJobIds,
+    IsTracked,
+    TrackJob,
+    UntrackJob,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["ManagerRef", "ManagerStopped"]
+
+#: The operations a proxy may call, and the message each one is.
+_OPERATIONS: dict[str, type] = {
+    "track_job": TrackJob,
+    "untrack_job": UntrackJob,
+    "get_active_job_count": GetActiveJobCount,
+    "get_tracked_job_ids": GetTrackedJobIds,
+    "is_tracked": IsTracked,
+    "get_stats": GetStats,
+    "extend_locks": ExtendLocks,
+}
+_MESSAGES = tuple(_OPERATIONS.values())
+
+
+class ManagerStopped(pykka.ActorDeadError):
+    """The manager is stopped: it tracks nothing and answers nothing."""
+
+
+class _Core(Protocol):
+    """What the reference needs from its manager."""
+
+    queue_name: str
+    clock: Callable[[], int]
+    thread_ident: int | None
+    finished: threading.Event
+
+    def handle(self, message: Any) -> Any:
+        """Handle ``message`` now, on the calling thread (the manager's own)."""
+        ...
+
+
+class ManagerRef(pykka.ActorRef[Any]):
+    """A :class:`~actors.LockManager`'s ``ActorRef``; use it as any pykka reference."""
+
+    def __init__(self, actor: Any, core: _Core) -> None:
+        super().__init__(actor)
+        self._core = core
+        self._warned = False
+
+    @property
+    def queue_name(self) -> str:
+        """The name of the queue the manager renews for."""
+        return self._core.queue_name
+
+    def on_own_thread(self) -> bool:
+        """Whether the caller runs on the manager's own thread (in a callback)."""
+        return threading.get_ident() == self._core.thread_ident
+
+    def stopped_error(self) -> ManagerStopped:
+        """The error a stopped manager answers with."""
+        return ManagerStopped(f"LockManager for queue {self.queue_name!r} is stopped")
+
+    def warn_stopped_once(self, what: str) -> bool:
+        """Return ``True`` the first time something (``what``) is sent to a stopped manager."""
+        first, self._warned = not self._warned, True
+        return first
+
+    def tell(self, message: Any) -> None:
+        """Send ``message``; checks it in this thread first.
+
+        Raises:
+            TypeError: A proxy call or message with bad arguments.
+            ValueError: Likewise, for values out of range.
+            AttributeError: A proxy call of something that is not an operation.
+            ManagerStopped: The manager is stopped.
+        """
+        message = self._admit(message)
+        if not self.is_alive():
+            raise self.stopped_error()
+        super().tell(message)
+
+    def ask(self, message: Any, *, block: bool = True, timeout: float | None = None) -> Any:
+        """Send ``message`` and return the answer (or its future with ``block=False``).
+
+        From the manager's own thread a query is answered at once; waiting for
+        a tick there would wait forever, so it raises instead.
+
+        Raises:
+            TypeError: A proxy call or message with bad arguments.
+            ValueError: Likewise, for values out of range.
+            AttributeError: A proxy call of something that is not an operation.
+            RuntimeError: A tick asked for from the manager's own thread.
+            ManagerStopped: The manager is stopped (raised by ``get`` when
+                ``block=False``).
+            pykka.Timeout: No answer within ``timeout`` seconds.
+        """
+        message = self._admit(message)
+        if isinstance(message, _MESSAGES) and self.on_own_thread():
+            if isinstance(message, ExtendLocks):
+                raise RuntimeError(
+                    "a LockManager cannot wait for its own tick from its own thread (a "
+                    "callback); tell it ExtendLocks() instead"
+                )
+            return _answer(self._core.handle(message), block)
+        if not self.is_alive():
+            return _failure(self.stopped_error(), block)
+        try:
+            return super().ask(message, block=block, timeout=timeout)  # type: ignore[call-overload]
+        except ManagerStopped:
+            raise
+        except pykka.ActorDeadError:
+            raise self.stopped_error() from None
+
+    def stop(self, block: bool = True, timeout: float | None = None) -> Any:  # type: ignore[override]
+        """Stop the manager; with ``block``, return once it is fully stopped.
+
+        Safe from any thread, several at once, and from the manager's own
+        thread (it then stops after the current message). Returns whether
+        this call stopped it (a future of that with ``block=False``).
+
+        Raises:
+            pykka.Timeout: Not stopped within ``timeout`` seconds.
+        """
+        future = super().stop(block=False)
+        if not block:
+            return future
+        if self.on_own_thread():
+            return True
+        if not self._core.finished.wait(timeout):
+            raise pykka.Timeout(f"LockManager for queue {self.queue_name!r} did not stop")
+        try:
+            # Answered at once, unless this stop arrived after the mailbox was
+            # drained by another stop: then it never is, and another call won.
+            return bool(future.get(timeout=0.1))
+        except pykka.Timeout:
+            return False
+
+    def _admit(self, message: Any) -> Any:
+        if type(message) is TrackJob:
+            if message.ts is None:
+                return dataclasses.replace(message, ts=self._core.clock())
+            return message
+        if isinstance(message, ProxyCall):
+            path = message.attr_path
+            kind = _OPERATIONS.get(path[0]) if len(path) == 1 else None
+            if kind is None:
+                if path == ("stop",):
+                    return message
+                raise AttributeError(
+                    f"LockManager has no operation {'.'.join(path)!r} for a proxy to call; "
+                    f"the operations are {', '.join(_OPERATIONS)}"
+                )
+            return self._admit(kind(*message.args, **message.kwargs))
+        if isinstance(message, ProxySetAttr):
+            raise AttributeError("a LockManager's attributes cannot be set through a proxy")
+        return message
+
+
+def _answer(value: Any, block: bool) -> Any:
+    if block:
+        return value
+    future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+    future.set(value)
+    return future
+
+
+def _failure(error: Exception, block: bool) -> Any:
+    if block:
+        raise error
+    future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+    future.set_exception((type(error), error, None))
+    return future

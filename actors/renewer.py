@@ -1,0 +1,109 @@
+"""The seam between the manager and the store its locks live in.
+
+A manager renews through a :class:`Renewer`: given due ids and their tokens,
+renew what is still held and say what happened. :class:`RedisRenewer` is the
+one every manager uses unless told otherwise: the shared script, chunked and
+pipelined by :func:`actors.scripts.renew_batch`. Another backend (or a test's
+in-memory lock table) plugs in through ``start_link(renewer=...)``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from actors.connection import check_client, client_for_url
+from actors.scripts import DEFAULT_MAX_BATCH, BatchOutcome, renew_batch
+from actors.validation import require_int
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from actors.connection import Client
+    from actors.keys import QueueKeys
+
+__all__ = ["BatchOutcome", "RedisRenewer", "Renewer"]
+
+
+class Renewer(Protocol):
+    """Renews a batch of locks for one manager, on the manager's thread."""
+
+    def __call__(self, job_ids: Sequence[str], tokens: Sequence[str]) -> BatchOutcome:
+        """Renew ``job_ids`` held with ``tokens``.
+
+        Returns:
+            The ids whose lock is lost (with their reasons, when known), and
+            the parts of the batch whose state is unknown.
+
+        Raises:
+            Exception: Nothing is known to have run; every job is retried.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release what the renewer owns; called once when the manager stops."""
+        ...
+
+
+class RedisRenewer:
+    """Renews with ``extendLocks-1.lua`` on one server or a cluster.
+
+    Args:
+        connection: A ``redis.Redis`` or ``redis.RedisCluster`` client, or a
+            Redis URL (a client is then built whose failed command ends within
+            a quarter of the interval, and closed with the renewer).
+        keys: The queue's keys.
+        lock_duration: The TTL each renewal sets, in milliseconds.
+        interval_ms: The manager's tick interval, which bounds a failed call.
+        max_batch: Most ids per script call; a batch's calls share one round trip.
+
+    Raises:
+        TypeError: ``connection`` is not a client or a URL; ``max_batch`` is
+            not an ``int``.
+        ValueError: ``max_batch`` is not positive, the client's encoding is
+            not UTF-8, or a cluster client was given for keys that cannot
+            share one slot.
+    """
+
+    def __init__(
+        self,
+        connection: Client | str,
+        keys: QueueKeys,
+        lock_duration: int,
+        interval_ms: int,
+        max_batch: int = DEFAULT_MAX_BATCH,
+    ) -> None:
+        self._max_batch = require_int(max_batch, "max_batch")
+        self._owns = isinstance(connection, str)
+        conn: Any = (
+            client_for_url(connection, interval_ms=interval_ms)
+            if isinstance(connection, str)
+            else connection
+        )
+        check_client(conn, keys, interval_ms)
+        self.connection: Client = conn
+        self.keys = keys
+        self.lock_duration = lock_duration
+
+    @property
+    def max_batch(self) -> int:
+        """Most ids per script call."""
+        return self._max_batch
+
+    def __call__(self, job_ids: Sequence[str], tokens: Sequence[str]) -> BatchOutcome:
+        """Renew ``job_ids`` held with ``tokens`` in one round trip."""
+        return renew_batch(
+            self.connection,
+            self.keys,
+            job_ids,
+            tokens,
+            self.lock_duration,
+            max_batch=self._max_batch,
+            # Every id and token was checked when the job was tracked.
+            check_items=False,
+        )
+
+    def close(self) -> None:
+        """Close the client if the renewer built it from a URL."""
+        if self._owns:
+            self._owns = False
+            self.connection.close()

@@ -1,0 +1,99 @@
+"""Argument checks: one rule per kind of value, one place for all of them.
+
+Every door into a manager (the module helpers, the messages, proxy calls)
+checks its arguments with these functions, so bad input fails at the caller
+with the same ``TypeError`` or ``ValueError``, naming the argument, whichever
+door it came through. A wrong type is a ``TypeError``; a value of the right
+type that is out of range is a ``ValueError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "MAX_DURATION_MS",
+    "MAX_TEXT_BYTES",
+    "is_valid_text",
+    "require_callback",
+    "require_int",
+    "require_text",
+]
+
+#: Longest duration a manager accepts, in milliseconds (about 24.8 days): the
+#: longest delay Node.js timers, and so BullMQ peers, can wait, and far inside
+#: what Redis and ``threading`` accept.
+MAX_DURATION_MS = 2**31 - 1
+
+#: Longest job id or token, in UTF-8 bytes. A tick sends every due id and
+#: token in one script argument; this keeps one call well inside what a server
+#: accepts, so one huge id cannot fail the renewal of the jobs beside it.
+MAX_TEXT_BYTES = 65536
+
+
+def is_valid_text(value: object) -> bool:
+    """Whether ``value`` passes :func:`require_text`, without raising."""
+    if type(value) is not str or not value:
+        return False
+    if value.isascii():
+        return len(value) <= MAX_TEXT_BYTES
+    try:
+        return len(value.encode("utf-8")) <= MAX_TEXT_BYTES
+    except UnicodeEncodeError:
+        return False
+
+
+def require_text(value: object, argument: str) -> str:
+    """Return ``value`` if it is a non-empty ``str`` that encodes as UTF-8.
+
+    Lock keys, tokens and the script's packed arguments are UTF-8 on every
+    runtime, so a lone surrogate (as ``surrogateescape`` decoding leaves) could
+    never name a lock.
+
+    Raises:
+        TypeError: ``value`` is not a ``str``.
+        ValueError: ``value`` is empty, longer than :data:`MAX_TEXT_BYTES`
+            bytes, or not encodable as UTF-8.
+    """
+    if is_valid_text(value):
+        return value  # type: ignore[return-value]
+    if not isinstance(value, str):
+        raise TypeError(f"{argument} must be a str, got {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{argument} must not be empty")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{argument} must encode as UTF-8, got {value!r} ({exc.reason} at {exc.start})"
+        ) from None
+    raise ValueError(f"{argument} must be at most {MAX_TEXT_BYTES} bytes, got {size}")
+
+
+def require_int(
+    value: object, argument: str, *, minimum: int = 1, maximum: int | None = None
+) -> int:
+    """Return ``value`` if it is an ``int`` (not a ``bool``) within the bounds.
+
+    Raises:
+        TypeError: ``value`` is not an ``int``.
+        ValueError: ``value`` is below ``minimum`` or above ``maximum``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{argument} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        floor = "positive" if minimum == 1 else f"at least {minimum}"
+        raise ValueError(f"{argument} must be {floor}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{argument} must be at most {maximum}, got {value}")
+    return value
+
+
+def require_callback(value: Any, argument: str) -> None:
+    """Check that ``value`` is callable or ``None``.
+
+    Raises:
+        TypeError: It is neither.
+    """
+    if value is not None and not callable(value):
+        raise TypeError(f"{argument} must be callable or None, got {type(value).__name__}")
