@@ -131,13 +131,18 @@ def select_due(stamps: Mapping[str, int], now: int, threshold: int) -> list[str]
 
 
 def next_deadline(previous: int, interval: int, now: int) -> int:
-    """Return the next tick time on the grid ``previous + k * interval`` after ``now``.
+    """Return the next tick time on the grid ``previous + k * interval``.
 
     Ticks stay on a fixed grid so a slow tick does not push every later one
-    back; a tick that overran whole intervals skips the ones it missed rather
-    than firing them in a burst.
+    back. A tick that overran whole intervals does not fire the grid times it
+    missed in a burst: the next tick is the latest grid time already past
+    (it fires at once, less than one interval late), so no job waits longer
+    than ``lock_renew_time`` plus that tick's lateness.
+
+    Args:
+        previous: The grid time of the tick that just ran.
+        interval: The timer interval, in milliseconds.
+        now: The current time, on the same clock.
     """
-    deadline = previous + interval
-    if deadline <= now:
-        deadline += ((now - deadline) // interval + 1) * interval
-    return deadline
+    missed = (now - previous) // interval
+    return previous + max(missed, 1) * interval

@@ -1,9 +1,21 @@
 """The manager against a plain model, driven step by step by hypothesis.
 
-The actor runs for real; only its clock and its Redis call are replaced (by
-a fake clock and an in-memory lock table), and the timer is the machine's
-``advance`` rule, which fires each tick with ``ask`` so every step finishes
-before the next. No Redis is involved.
+The actor runs for real; its clock, its renewer and its timer are the public
+seams (``clock=``, ``renewer=``, ``timer=ManualTimer``): a fake clock, an
+in-memory lock table, and a timer that fires only when the machine's
+``timer_fires`` rule says, late by a random amount, with ``ask`` so every step
+finishes before the next. No Redis is involved.
+
+What it proves, beyond "the tracked ids agree with the model":
+- each tick sends exactly the jobs the model says are due, selected at the
+  tick's grid time, so lateness never makes a job due a tick early: a job
+  renewed on one grid tick is never renewed on the next;
+- no lock is treated as younger than it is: a renewal's stamp is never later
+  than the moment the renewal was sent;
+- the worst gap between two renewal attempts of a job is ``lock_renew_time``
+  plus the lateness of the tick that renews it;
+- a lost job is reported exactly once, with its token and reason;
+- a user's "renew now" never moves the timer.
 """
 
 from __future__ import annotations
@@ -11,7 +23,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-import pykka
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -24,10 +35,10 @@ from hypothesis.stateful import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from actors import LockManager, QueueKeys
+from actors import LockManager, LostLock, ManagerRef, ManualTimer, QueueKeys
 from actors.messages import ExtendLocks, GetTrackedJobIds, TrackJob, UntrackJob
 from actors.schedule import Timing
-from actors.scripts import BatchOutcome, ChunkError
+from actors.scripts import EXPIRED, STOLEN, BatchOutcome, ChunkError
 
 ids = st.sampled_from([f"job-{i}" for i in range(8)])
 
@@ -55,19 +66,21 @@ class FakeLocks:
         if self.raise_next:
             self.raise_next = False
             raise RedisConnectionError("connection refused")
+        stop = len(job_ids)
+        errors = []
         if self.fail_chunk_next:
             # The server refused the second half (BUSY): those jobs' state is unknown.
             self.fail_chunk_next = False
-            half = len(job_ids) // 2
-            failed = [
-                j
-                for j, t in zip(job_ids[:half], tokens[:half], strict=True)
-                if self.held.get(j) != t
-            ]
-            return BatchOutcome(failed, [ChunkError(half, len(job_ids), RuntimeError("BUSY"))])
-        return BatchOutcome(
-            [j for j, t in zip(job_ids, tokens, strict=True) if self.held.get(j) != t], []
-        )
+            stop = len(job_ids) // 2
+            errors = [ChunkError(stop, len(job_ids), RuntimeError("BUSY"))]
+        failed = [
+            j for j, t in zip(job_ids[:stop], tokens[:stop], strict=True) if self.held.get(j) != t
+        ]
+        reasons = {j: EXPIRED if j not in self.held else STOLEN for j in failed}
+        return BatchOutcome(failed, errors, reasons)
+
+    def close(self) -> None:
+        pass
 
 
 class ManagerMachine(RuleBasedStateMachine):
@@ -77,15 +90,20 @@ class ManagerMachine(RuleBasedStateMachine):
         super().__init__()
         self.clock = FakeClock()
         self.locks = FakeLocks(self.clock)
-        self.ref: pykka.ActorRef[LockManager] | None = None
-        # The model: what the manager should track, with each job's token and
-        # the time of its tracking or last renewal ...
+        self.timer = ManualTimer()
+        self.ref: ManagerRef | None = None
+        # The model: what the manager should track, each job's token, and
+        # the stamp the manager should hold for it ...
         self.tokens: dict[str, str] = {}
         self.stamps: dict[str, int] = {}
-        # ... and, per job, when the manager last tried to renew it.
+        # ... per job, the (fake) time of its last renewal attempt, and the
+        # grid time of its last renewal by the timer.
         self.last_attempt: dict[str, int] = {}
+        self.late_since: dict[str, int] = {}
+        self.expected: dict[tuple[str, str], str] = {}
+        self.last_grid_renewal: dict[str, int] = {}
         self.reported: Counter[str] = Counter()
-        self.errors = 0
+        self.reports: list[LostLock] = []
         self.token_counter = 0
 
     @initialize(
@@ -95,39 +113,51 @@ class ManagerMachine(RuleBasedStateMachine):
     def start(self, duration: int, renew_fraction: float | None) -> None:
         renew = None if renew_fraction is None else max(2, int(duration * renew_fraction))
         self.timing = Timing(duration, renew)
-        self.next_tick = self.clock.now + self.timing.interval
         self.ref = LockManager.start(
-            connection="redis://127.0.0.1:1/0",
             keys=QueueKeys("q"),
             lock_duration=duration,
             lock_renew_time=renew,
-            on_lock_renewal_failed=self.reported.update,
-            on_error=self._on_error,
-            _clock=self.clock,
-            _renewer=self.locks,
-            _autostart_timer=False,
+            on_lock_renewal_failed=self._on_failed,
+            renewer=self.locks,
+            clock=self.clock,
+            timer=lambda fire, name: self.timer,
         )
+        self.ref.ask(GetTrackedJobIds())  # on_start has run: the timer is armed
+        assert self.timer.deadline == self.clock.now + self.timing.interval
 
-    def _on_error(self, exc: Exception) -> None:
-        self.errors += 1
+    def _on_failed(self, lost: list[LostLock]) -> None:
+        self.reports.extend(lost)
+        self.reported.update(str(item) for item in lost)
 
     def teardown(self) -> None:
         if self.ref is not None:
             self.ref.stop()
+            assert self.timer.closed
 
     # -- rules -----------------------------------------------------------
 
-    @rule(target=tracked_ids, job_id=ids)
-    def track(self, job_id: str) -> str:
+    @rule(target=tracked_ids, job_id=ids, taken=st.floats(0, 1))
+    def track(self, job_id: str, taken: float) -> str:
+        """A worker took the lock up to one interval ago and tracks it now."""
         assert self.ref is not None
         self.token_counter += 1
         token = f"token-{self.token_counter}"
+        ts = self.clock.now - int(taken * self.timing.interval)
         self.locks.held[job_id] = token
-        self.ref.tell(TrackJob(job_id, token))
+        self.ref.tell(TrackJob(job_id, token, ts=ts))
         self.tokens[job_id] = token
-        self.stamps[job_id] = self.last_attempt[job_id] = self.clock.now
-        del self.reported[job_id]
+        self.stamps[job_id] = self.last_attempt[job_id] = ts
+        self.late_since[job_id] = 0
+        self.last_grid_renewal.pop(job_id, None)
+        self.reported.pop(job_id, None)
         return job_id
+
+    @rule(job_id=ids)
+    def track_again_with_the_same_token(self, job_id: str) -> None:
+        # A progress hook: must never restart the job's clock.
+        assert self.ref is not None
+        if job_id in self.tokens:
+            self.ref.tell(TrackJob(job_id, self.tokens[job_id], ts=self.clock.now))
 
     @rule(job_id=consumes(tracked_ids))
     def untrack(self, job_id: str) -> None:
@@ -136,10 +166,13 @@ class ManagerMachine(RuleBasedStateMachine):
         self.tokens.pop(job_id, None)
         self.locks.held.pop(job_id, None)
 
-    @rule(job_id=ids)
-    def lose_lock(self, job_id: str) -> None:
+    @rule(job_id=ids, steal=st.booleans())
+    def lose_lock(self, job_id: str, steal: bool) -> None:
         # Another worker took the job, or the lock expired behind our back.
-        self.locks.held.pop(job_id, None)
+        if steal:
+            self.locks.held[job_id] = "someone-else"
+        else:
+            self.locks.held.pop(job_id, None)
 
     @rule()
     def backend_raises_next(self) -> None:
@@ -150,31 +183,46 @@ class ManagerMachine(RuleBasedStateMachine):
         self.locks.fail_chunk_next = True
 
     @rule(data=st.data())
-    def time_passes_within_the_interval(self, data: st.DataObject) -> None:
-        room = self.next_tick - self.clock.now
+    def time_passes_before_the_next_tick(self, data: st.DataObject) -> None:
+        assert self.timer.deadline is not None
+        room = self.timer.deadline - self.clock.now
         if room > 0:
             self.clock.now += data.draw(st.integers(0, room))
 
-    @rule(ticks=st.integers(1, 3), jitter=st.integers(0, 2))
-    def timer_fires(self, ticks: int, jitter: int) -> None:
-        assert self.ref is not None
-        # A timer may run late, but by less than one interval.
-        jitter = min(jitter, self.timing.interval - 1)
-        for _ in range(ticks):
-            self.clock.now = max(self.clock.now, self.next_tick + jitter)
-            self._no_job_waited_too_long()
-            self._tick()
-            self.next_tick += self.timing.interval
+    @rule(late=st.one_of(st.integers(0, 3), st.floats(0, 0.99), st.floats(1, 2.5)))
+    def timer_fires(self, late: float) -> None:
+        """The timer fires, late by a few ms, by part of an interval, or by more."""
+        assert self.ref is not None and self.timer.deadline is not None
+        scheduled = self.timer.deadline
+        lateness = int(late) if isinstance(late, int) else int(late * self.timing.interval)
+        self.clock.now = max(self.clock.now, scheduled + lateness)
+        self._tick(at=scheduled, message=ExtendLocks(scheduled))
+        # The next grid time, or the latest one already missed: never a burst.
+        following = self.timer.deadline
+        assert following is not None and following > scheduled
+        assert (following - scheduled) % self.timing.interval == 0
+        assert self.clock.now - self.timing.interval < following
 
-    def _tick(self) -> None:
+    @rule()
+    def renew_now(self) -> None:
+        """A user's manual tick: renews what is due now, leaves the grid alone."""
+        deadline = self.timer.deadline
+        self._tick(at=self.clock.now, message=ExtendLocks())
+        assert self.timer.deadline == deadline
+
+    def _tick(self, at: int, message: ExtendLocks) -> None:
         assert self.ref is not None
         now = self.clock.now
-        due = [j for j in self.tokens if self.stamps[j] + self.timing.threshold < now]
+        threshold = self.timing.threshold
+        due = [j for j in self.tokens if self.stamps[j] + threshold < at]
+        on_grid = message.scheduled is not None
         calls_before = len(self.locks.calls)
         raises, refuses = self.locks.raise_next, self.locks.fail_chunk_next
 
-        self.ref.ask(ExtendLocks())
+        self.ref.ask(message)
 
+        for job_id in self.tokens:
+            self.late_since[job_id] = max(self.late_since.get(job_id, 0), now - at)
         calls = self.locks.calls[calls_before:]
         assert len(calls) == (1 if due else 0)
         if not due:
@@ -183,35 +231,43 @@ class ManagerMachine(RuleBasedStateMachine):
         # Exactly the due jobs, in one call: none before its threshold.
         assert sorted(sent) == sorted(due)
         for job_id in sent:
+            # The worst gap between two attempts: renew_time, plus how late
+            # the ticks since ran (a failed attempt is retried on the next tick).
+            waited = now - self.last_attempt[job_id]
+            assert waited <= self.timing.renew_time + self.late_since[job_id], (job_id, waited)
             self.last_attempt[job_id] = now
+            self.late_since[job_id] = 0
+            if on_grid:
+                # At the minimum: never on two grid ticks in a row.
+                previous = self.last_grid_renewal.get(job_id)
+                assert previous is None or at - previous > self.timing.interval
         if raises:
             return  # nothing is known to have run: every job keeps its stamp
         ran = sent[: len(sent) // 2] if refuses else sent
         for job_id in ran:
             if self.locks.held.get(job_id) == self.tokens[job_id]:
-                self.stamps[job_id] = now
+                # Never younger than it is: stamped no later than it was sent.
+                assert at <= now
+                self.stamps[job_id] = at
+                if on_grid:
+                    self.last_grid_renewal[job_id] = at
             else:
-                del self.tokens[job_id]
-
-    def _no_job_waited_too_long(self) -> None:
-        limit = self.timing.renew_time + self.timing.interval
-        for job_id in self.tokens:
-            waited = self.clock.now - self.last_attempt[job_id]
-            assert waited <= limit, (job_id, waited, limit)
-            assert waited < self.timing.lock_duration
+                held = self.locks.held.get(job_id)
+                self.expected[job_id, self.tokens.pop(job_id)] = EXPIRED if held is None else STOLEN
 
     # -- invariants ------------------------------------------------------
 
     @invariant()
     def tracked_ids_agree(self) -> None:
         if self.ref is not None:
-            tracked: list[str] = self.ref.ask(GetTrackedJobIds(), block=True)
+            tracked: list[str] = self.ref.ask(GetTrackedJobIds())
             assert sorted(tracked) == sorted(self.tokens)
 
     @invariant()
-    def a_lost_job_is_reported_exactly_once(self) -> None:
+    def a_lost_job_is_reported_exactly_once_with_its_token_and_reason(self) -> None:
         assert all(count == 1 for count in self.reported.values()), self.reported
         assert not set(self.reported) & set(self.tokens)
+        assert {(item.job_id, item.token): item.reason for item in self.reports} == self.expected
 
 
 ManagerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
