@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench soak faults clean
+.PHONY: demo test lint typecheck bench soak faults fuzz clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ typecheck: $(STAMP)
 ## bench: the performance benchmark (prints the README's table)
 bench: $(STAMP)
 	$(BIN)/python -m pytest -m bench -s -p no:randomly tests/bench
+
+## fuzz: the API fuzz at a longer profile (400 examples; CI runs 40)
+fuzz: $(STAMP)
+	FUZZ_EXAMPLES=400 $(BIN)/python -m pytest -p no:randomly tests/fuzz
 
 ## faults: the fault suite and its results table
 faults: $(STAMP)
