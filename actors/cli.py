@@ -1,23 +1,17 @@
 """The ``echomq-locks`` command, also run as ``python -m actors``.
 
-Two subcommands answer an operator's first questions about a stalled job:
-
-- ``locks`` lists the job locks of one queue: who holds each (the token), for
-  how much longer (the TTL), and whether the job sits in the stalled set. With
-  ``--watch`` it refreshes in place and shows when each lock was last seen
-  renewed.
-- ``explain`` prints what a ``lock_duration`` / ``lock_renew_time`` pair means:
-  the tick interval, the longest gap between two renewals and the margin left.
-
-Reads use SCAN, never KEYS, so a large server is never blocked. Exit status:
-0 on success, 1 on a runtime error (unreachable server, refused command), 2 on
-a usage error.
+``locks`` lists the job locks of one queue: the holder's token, the time left
+and whether the job sits in the stalled set; ``--watch`` refreshes it and adds
+when each lock was last renewed and how low its TTL got. ``explain`` prints
+what a ``lock_duration`` / ``lock_renew_time`` pair means. Keys are found with
+SCAN, never KEYS.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 import time
@@ -27,15 +21,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
-from redis.backoff import NoBackoff
 from redis.connection import parse_url
-from redis.retry import Retry
 
+from actors.connection import client_for_url, command_timeout
 from actors.keys import DEFAULT_PREFIX, QueueKeys
 from actors.schedule import Timing
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
 __all__ = [
     "EXIT_ERROR",
@@ -45,8 +38,6 @@ __all__ = [
     "Watch",
     "build_parser",
     "explain",
-    "glob_escape",
-    "lock_pattern",
     "main",
     "read_locks",
     "render_locks",
@@ -54,11 +45,10 @@ __all__ = [
 
 #: Exit status: success.
 EXIT_OK = 0
-#: Exit status: the command could not do its work (server unreachable, ...).
+#: Exit status: the command could not do its work (server unreachable, command refused).
 EXIT_ERROR = 1
 #: Exit status: the command line is wrong (argparse's own status).
 EXIT_USAGE = 2
-
 #: Seconds between two refreshes of ``locks --watch`` without a value.
 DEFAULT_WATCH_SECONDS = 2.0
 #: Seconds the command waits for the server to connect or answer.
@@ -66,61 +56,38 @@ CONNECT_TIMEOUT_SECONDS = 5.0
 #: Keys asked per SCAN call, and locks read per round trip.
 SCAN_COUNT = 1000
 
-_GLOB_SPECIAL = frozenset("\\*?[]{}^-")
-_LOCK_SUFFIX = ":lock"
 _CLEAR = "\x1b[H\x1b[2J"
-
 _EPILOG = """\
 examples:
   %(prog)s locks --url redis://localhost:6379/0 --queue emails
       every lock of queue "emails" (keys emq:emails:<job id>:lock)
   %(prog)s locks --url redis://localhost:6379/0 --queue emails --prefix bull --watch 1
       a BullMQ queue, refreshed every second until Ctrl-C
-  %(prog)s explain --lock-duration 30000
-      the renewal windows of the default configuration
   %(prog)s explain --lock-duration 30000 --lock-renew-time 25000
-      a configuration that leaves less than one tick of margin (warns)
+      the windows of a configuration with less than one tick of margin (warns)
 
 exit status:
   0 success, 1 runtime error (server unreachable, command refused),
   2 usage error (bad option, bad URL, bad durations)
 """
-
 _LOCKS_DESCRIPTION = """\
-List the job locks of one queue: the job id, the token of the worker holding
-the lock (shortened), the time the lock has left, and whether the job sits in
-the queue's stalled set. A job in the stalled set whose lock expires before
-anyone renews it is moved back to wait by the next stalled check. With
---watch, the list refreshes in place and a RENEWED column shows how long ago
-each lock's TTL was last seen going up, that is, how long ago someone last
-renewed it. Keys are found with SCAN, never KEYS.
-"""
+List the job locks of one queue: job id, the holder's token (its first and
+last characters), the time left, and whether the job is in the stalled set,
+from which a stalled check moves every job whose lock expired back to wait.
+Keys are found with SCAN, never KEYS.
 
+--watch refreshes the list and adds two columns. RENEWED: how long ago a
+refresh first saw the lock renewed (its expiry moved later, same token).
+LOWEST TTL: the least time the lock can have had left since the watch began;
+a renewal between two refreshes counts as if it came just before the second,
+so refresh faster than the locks are renewed for a close figure.
+"""
 _EXPLAIN_DESCRIPTION = """\
-Print the renewal windows of a lock configuration, as a lock manager computes
-them: the lock TTL, the renew time, the tick interval and due threshold, the
-longest gap between two renewal attempts of one job and the margin the lock
-still has at that point. Warns when the margin is shorter than one tick, where
-a single late or failed tick lets a lock expire.
+Print the renewal windows of a lock configuration as a lock manager computes
+them, the margin a lock keeps at its latest renewal attempt, and the longest
+socket timeout per attempt for a client you pass. Warns when the margin is
+shorter than one tick.
 """
-
-
-# -- reading the locks ---------------------------------------------------
-
-
-def glob_escape(text: str) -> str:
-    r"""Return ``text`` with every character SCAN's MATCH treats specially escaped.
-
-    Example:
-        >>> print(glob_escape("{orders}[eu]*"))
-        \{orders\}\[eu\]\*
-    """
-    return "".join("\\" + char if char in _GLOB_SPECIAL else char for char in text)
-
-
-def lock_pattern(keys: QueueKeys) -> str:
-    """Return the SCAN pattern of a queue's lock keys: ``{key_prefix}*:lock``, escaped."""
-    return glob_escape(keys.key_prefix) + "*" + _LOCK_SUFFIX
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,18 +102,25 @@ class LockInfo:
     ttl_ms: int
     #: Whether the job id sits in the queue's stalled set.
     stalled: bool
+    #: Monotonic seconds when the round trip that read the lock started and ended.
+    read_at: tuple[float, float]
 
+    @property
+    def expires(self) -> tuple[float, float] | None:
+        """Monotonic seconds between which the lock expires unless renewed (``None``: never).
 
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+        PTTL ran somewhere within :attr:`read_at`, and counts whole milliseconds.
+        """
+        if self.ttl_ms < 0:
+            return None
+        return self.read_at[0] + self.ttl_ms / 1000 - 0.001, self.read_at[1] + self.ttl_ms / 1000
 
 
 def read_locks(conn: redis.Redis, keys: QueueKeys) -> tuple[list[LockInfo], int]:
     """Read every lock of a queue, most urgent first.
 
-    One SCAN walk; for each page of keys one pipelined round trip of GET, PTTL
-    and SISMEMBER (which every server version has). A lock that expires
-    between the SCAN and the read is left out.
+    One SCAN walk; per page of keys, one pipelined round trip of GET, PTTL and
+    SISMEMBER. A lock that expires between the SCAN and the read is left out.
 
     Args:
         conn: A client of the server.
@@ -159,77 +133,102 @@ def read_locks(conn: redis.Redis, keys: QueueKeys) -> tuple[list[LockInfo], int]
     Raises:
         redis.exceptions.RedisError: The server or the connection failed.
     """
-    prefix = keys.key_prefix.encode("utf-8")
-    page: list[bytes] = []
     locks: list[LockInfo] = []
-    for key in conn.scan_iter(match=lock_pattern(keys), count=SCAN_COUNT):
-        page.append(key if isinstance(key, bytes) else key.encode("utf-8"))
+    page: list[tuple[bytes | str, str]] = []
+    for key in conn.scan_iter(match=keys.lock_pattern, count=SCAN_COUNT):
+        job_id = keys.job_id(key)
+        if job_id is not None:
+            page.append((key, job_id))
         if len(page) >= SCAN_COUNT:
-            locks.extend(_read_page(conn, keys, prefix, page))
+            locks += _read_page(conn, keys, page)
             page = []
-    if page:
-        locks.extend(_read_page(conn, keys, prefix, page))
-    stalled_total = int(conn.scard(keys.stalled))
+    locks += _read_page(conn, keys, page)
     locks.sort(key=lambda lock: (lock.ttl_ms >= 0, lock.ttl_ms, lock.job_id))
-    return locks, stalled_total
+    return locks, int(conn.scard(keys.stalled))
 
 
 def _read_page(
-    conn: redis.Redis, keys: QueueKeys, prefix: bytes, page: list[bytes]
+    conn: redis.Redis, keys: QueueKeys, page: list[tuple[bytes | str, str]]
 ) -> list[LockInfo]:
-    ids = [key[len(prefix) : -len(_LOCK_SUFFIX)] for key in page]
-    # Any: redis-py types SISMEMBER's member as str, and a raw id may not decode.
+    if not page:
+        return []
     pipe: Any = conn.pipeline(transaction=False)
-    for key, job_id in zip(page, ids, strict=True):
-        pipe.get(key)
-        pipe.pttl(key)
-        pipe.sismember(keys.stalled, job_id)
+    for key, job_id in page:
+        pipe.get(key).pttl(key).sismember(keys.stalled, job_id)
+    started = time.monotonic()
     replies: list[Any] = pipe.execute()
+    read_at = (started, time.monotonic())
     locks = []
-    for i, job_id in enumerate(ids):
+    for i, (_, job_id) in enumerate(page):
         token, ttl, stalled = replies[3 * i : 3 * i + 3]
-        if token is None or ttl == -2:
-            continue
-        locks.append(LockInfo(_text(job_id), _text(token), int(ttl), bool(stalled)))
+        if token is not None and ttl != -2:
+            text = token.decode("utf-8", "replace") if isinstance(token, bytes) else token
+            locks.append(LockInfo(job_id, text, int(ttl), bool(stalled), read_at))
     return locks
 
 
-# -- rendering -----------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    token: str
+    expires: tuple[float, float] | None
+    renewed_at: float | None  # monotonic seconds of the read that first saw the last renewal
+    lowest_ms: int | None
+
+
+class Watch:
+    """Follows each lock from one refresh to the next: when renewed, how low its TTL got.
+
+    A lock nobody renews keeps one expiry instant (read time plus TTL); each
+    renewal moves it later by the time since the previous one. Expiry instants
+    are compared, not TTLs: a holder that renews as often as the watch
+    refreshes is read at the same point of each of its cycles, so its TTL
+    reads the same at every refresh although it was renewed in between.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[str, _Seen] = {}
+
+    def update(self, locks: Sequence[LockInfo]) -> dict[str, tuple[str, str]]:
+        """Record one refresh.
+
+        Args:
+            locks: Every lock the refresh read.
+
+        Returns:
+            Per job id, the RENEWED and LOWEST TTL cells: how long before its
+            read the lock was first seen renewed, and the least time it can
+            have had left since the watch began (``"-"``: not yet, or no TTL).
+        """
+        seen: dict[str, _Seen] = {}
+        cells: dict[str, tuple[str, str]] = {}
+        for lock in locks:
+            expires, renewed_at = lock.expires, None
+            lowest = None if expires is None else lock.ttl_ms
+            before = self._seen.get(lock.job_id)
+            if before is not None and before.token == lock.token:
+                renewed_at = before.renewed_at
+                if expires and before.expires and expires[0] > before.expires[1]:
+                    renewed_at = lock.read_at[1]
+                    # Renewed between the two reads: at worst just before this
+                    # one, when the previous expiry left the least time.
+                    lowest = max(0, int((before.expires[0] - lock.read_at[1]) * 1000))
+                if lowest is None or (before.lowest_ms is not None and before.lowest_ms < lowest):
+                    lowest = before.lowest_ms
+            seen[lock.job_id] = _Seen(lock.token, expires, renewed_at, lowest)
+            ago = "-" if renewed_at is None else f"{lock.read_at[1] - renewed_at:.1f} s ago"
+            cells[lock.job_id] = (ago, "-" if lowest is None else _ttl(lowest))
+        self._seen = seen
+        return cells
 
 
 def _short_token(token: str) -> str:
-    return token if len(token) <= 12 else token[:8] + "..."
+    # Both ends: UUID tokens differ at the start, and the "<worker id>:<n>"
+    # tokens BullMQ workers use differ, within one worker, only at the end.
+    return token if len(token) <= 19 else f"{token[:8]}...{token[-8:]}"
 
 
 def _ttl(ttl_ms: int) -> str:
     return "no TTL" if ttl_ms < 0 else f"{ttl_ms / 1000:.1f} s"
-
-
-class Watch:
-    """Remembers, between refreshes, when each lock's TTL was last seen going up.
-
-    A lock's TTL only goes up when someone sets it again, so a TTL above the
-    one of the previous refresh means the holder renewed it in between.
-    """
-
-    def __init__(self) -> None:
-        #: job id -> (token, TTL in ms, monotonic seconds when seen renewed or None).
-        self._seen: dict[str, tuple[str, int, float | None]] = {}
-
-    def update(self, locks: Sequence[LockInfo], now: float) -> dict[str, str]:
-        """Record one refresh; return, per job, how long ago it was seen renewed."""
-        seen: dict[str, tuple[str, int, float | None]] = {}
-        labels: dict[str, str] = {}
-        for lock in locks:
-            token, ttl, renewed_at = self._seen.get(lock.job_id, (lock.token, lock.ttl_ms, None))
-            if token != lock.token:
-                renewed_at = None
-            elif lock.ttl_ms > ttl:
-                renewed_at = now
-            seen[lock.job_id] = (lock.token, lock.ttl_ms, renewed_at)
-            labels[lock.job_id] = "-" if renewed_at is None else f"{now - renewed_at:.1f} s ago"
-        self._seen = seen
-        return labels
 
 
 def render_locks(
@@ -237,7 +236,7 @@ def render_locks(
     locks: Sequence[LockInfo],
     stalled_total: int,
     *,
-    renewed: dict[str, str] | None = None,
+    watched: Mapping[str, tuple[str, str]] | None = None,
 ) -> str:
     """Return the table ``locks`` prints.
 
@@ -245,33 +244,22 @@ def render_locks(
         keys: The queue's keys.
         locks: The locks, in the order to print.
         stalled_total: Size of the queue's stalled set.
-        renewed: Per job, how long ago its lock was seen renewed; adds the
-            RENEWED column (``--watch``).
+        watched: The cells of :meth:`Watch.update`; adds the RENEWED and
+            LOWEST TTL columns (``--watch``).
     """
-    in_stalled = sum(lock.stalled for lock in locks)
-    header = (
-        f"{keys.base}: {len(locks)} lock(s), {in_stalled} of them in the stalled set "
-        f"(stalled set size {stalled_total})"
-    )
+    stalled = sum(lock.stalled for lock in locks)
+    header = f"{keys.base}: {len(locks)} lock(s), {stalled} of them in the stalled set "
+    header += f"(stalled set size {stalled_total})\n"
     if not locks:
-        return header + "\n"
-    columns = ["JOB", "TOKEN", "TTL", "STALLED"]
-    if renewed is not None:
-        columns.append("RENEWED")
-    rows = []
+        return header
+    rows = [["JOB", "TOKEN", "TTL", "STALLED"] + (["RENEWED", "LOWEST TTL"] if watched else [])]
     for lock in locks:
         row = [lock.job_id, _short_token(lock.token), _ttl(lock.ttl_ms)]
         row.append("yes" if lock.stalled else "no")
-        if renewed is not None:
-            row.append(renewed.get(lock.job_id, "-"))
-        rows.append(row)
-    widths = [max(len(row[i]) for row in [columns, *rows]) for i in range(len(columns))]
-    lines = [header, ""]
-    for row in [columns, *rows]:
-        lines.append(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        )
-    return "\n".join(lines) + "\n"
+        rows.append(row + list(watched.get(lock.job_id, ("-", "-")) if watched else []))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)
+    return header + "\n" + "".join(line.rstrip() + "\n" for line in lines)
 
 
 def explain(timing: Timing) -> tuple[str, list[str]]:
@@ -283,54 +271,34 @@ def explain(timing: Timing) -> tuple[str, list[str]]:
     Returns:
         The text to print, and the warnings about it (possibly none).
     """
-    interval = timing.interval
-    margin = timing.margin
+    interval, margin = timing.interval, timing.margin
+    # The rule (and format) of the manager's start-up warning about a client.
+    single, cluster = command_timeout(interval), command_timeout(interval, cluster=True)
+    spare = margin / interval
     rows = [
         (
             "lock_duration",
             f"{timing.lock_duration} ms",
             "the lock's TTL, set again at each renewal",
         ),
-        (
-            "lock_renew_time",
-            f"{timing.renew_time} ms",
-            "longest time between two renewals of one lock",
-        ),
+        ("lock_renew_time", f"{timing.renew_time} ms", "longest time between two renewals"),
         ("tick interval", f"{interval} ms", "the manager's one timer fires this often"),
         (
             "due threshold",
             f"{timing.threshold} ms",
-            "a tick renews the jobs last renewed longer ago than this",
+            "a tick renews the jobs last renewed longer ago",
         ),
-        (
-            "worst-case gap",
-            f"{timing.worst_gap} ms",
-            "longest time between two renewal attempts of one job (interval + threshold)",
-        ),
-        (
-            "safety margin",
-            f"{margin} ms",
-            f"TTL a lock still has at its latest renewal attempt: {margin / interval:.1f} "
-            "tick(s) for late or failed ticks",
-        ),
-        (
-            "socket_timeout",
-            f"{interval / 4000:.3f} s",
-            "at most, on a client you pass yourself, so a hung server cannot hold a tick",
-        ),
+        ("worst-case gap", f"{timing.worst_gap} ms", "longest time between two renewal attempts"),
+        ("safety margin", f"{margin} ms", f"TTL left at the latest attempt: {spare:.1f} tick(s)"),
+        ("socket_timeout", f"{single:g} s", "at most this on a redis.Redis you pass, per attempt"),
+        ("cluster socket_timeout", f"{cluster:g} s", "the same on a redis.RedisCluster"),
     ]
-    name_width = max(len(row[0]) for row in rows)
-    value_width = max(len(row[1]) for row in rows)
-    text = "".join(
-        f"{name.ljust(name_width)}  {value.rjust(value_width)}  {meaning}\n"
-        for name, value, meaning in rows
-    )
+    width = [max(len(row[i]) for row in rows) for i in (0, 1)]
+    text = "".join(f"{a.ljust(width[0])}  {b.rjust(width[1])}  {c}\n" for a, b, c in rows)
     warnings = []
     if margin < interval:
-        advice = ""
         safe = _largest_safe_renew_time(timing.lock_duration)
-        if safe is not None:
-            advice = f"; a lock_renew_time of at most {safe} ms keeps one tick of margin"
+        advice = "" if safe is None else f"; a lock_renew_time of at most {safe} ms keeps one tick"
         warnings.append(
             f"the safety margin ({margin} ms) is shorter than one tick ({interval} ms): a single "
             f"late or failed tick lets a lock expire and its job stall{advice}"
@@ -341,16 +309,11 @@ def explain(timing: Timing) -> tuple[str, list[str]]:
 def _largest_safe_renew_time(lock_duration: int) -> int | None:
     # margin >= interval holds up to about two thirds of the duration; walk
     # down from just above it to absorb the integer divisions.
-    renew = min(lock_duration - 1, lock_duration * 2 // 3 + 2)
-    while renew >= 2:
+    for renew in range(min(lock_duration - 1, lock_duration * 2 // 3 + 2), 1, -1):
         timing = Timing(lock_duration, renew)
         if timing.margin >= timing.interval:
             return renew
-        renew -= 1
     return None
-
-
-# -- the command line ----------------------------------------------------
 
 
 def _redis_url(value: str) -> str:
@@ -368,14 +331,11 @@ def _name(value: str) -> str:
     return value
 
 
-def _positive_seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {value}")
-    return seconds
+def _seconds(value: str) -> float:
+    with contextlib.suppress(ValueError):
+        if 0 < float(value) < math.inf:
+            return float(value)
+    raise argparse.ArgumentTypeError(f"not a number of seconds above 0: {value!r}")
 
 
 def _milliseconds(value: str) -> int:
@@ -387,65 +347,45 @@ def _milliseconds(value: str) -> int:
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """Return the command line's parser (``prog`` defaults to the script's name)."""
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description="Look at the job locks of an EchoMQ or BullMQ queue, "
-        "and at what a lock configuration means.",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog=prog, formatter_class=formatter)
+    parser.description = "Look at the job locks of an EchoMQ or BullMQ queue, "
+    parser.description += "and at what a lock configuration means."
+    # Spelled out once: within a subcommand %(prog)s is "<prog> <subcommand>",
+    # and its examples would name the subcommand twice.
+    parser.epilog = epilog = _EPILOG.replace("%(prog)s", parser.prog)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
     locks = commands.add_parser(
         "locks",
         help="list a queue's job locks: token, TTL left, stalled or not",
         description=_LOCKS_DESCRIPTION,
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=epilog,
+        formatter_class=formatter,
     )
-    locks.add_argument(
-        "--url",
-        required=True,
-        type=_redis_url,
-        help="the server, as redis://[:password@]host:port/db",
-    )
-    locks.add_argument("--queue", required=True, type=_name, metavar="NAME", help="queue name")
-    locks.add_argument(
-        "--prefix",
-        default=DEFAULT_PREFIX,
-        type=_name,
-        help=f"key prefix of the deployment (default: {DEFAULT_PREFIX}; BullMQ uses bull)",
-    )
-    locks.add_argument(
+    add = locks.add_argument
+    add("--url", required=True, type=_redis_url, help="the server: redis://[:password@]host/db")
+    add("--queue", required=True, type=_name, metavar="NAME", help="queue name")
+    add("--prefix", default=DEFAULT_PREFIX, type=_name, help="key prefix: emq (default), bull")
+    every = f"refresh every SECONDS (default {DEFAULT_WATCH_SECONDS:g}) until Ctrl-C"
+    add(
         "--watch",
         nargs="?",
         const=DEFAULT_WATCH_SECONDS,
-        type=_positive_seconds,
+        type=_seconds,
         metavar="SECONDS",
-        help=f"refresh every SECONDS (default {DEFAULT_WATCH_SECONDS:g}) until Ctrl-C",
+        help=every,
     )
-
     explain_parser = commands.add_parser(
         "explain",
         help="print the renewal windows of a lock configuration",
         description=_EXPLAIN_DESCRIPTION,
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=epilog,
+        formatter_class=formatter,
     )
     explain_parser.set_defaults(command_parser=explain_parser)
-    explain_parser.add_argument(
-        "--lock-duration",
-        required=True,
-        type=_milliseconds,
-        metavar="MS",
-        help="the lock TTL, in milliseconds (EchoMQ and BullMQ default: 30000)",
-    )
-    explain_parser.add_argument(
-        "--lock-renew-time",
-        type=_milliseconds,
-        metavar="MS",
-        help="longest time between two renewals, in milliseconds (default: lock duration / 2)",
-    )
+    add = explain_parser.add_argument
+    add("--lock-duration", required=True, type=_milliseconds, metavar="MS", help="the lock TTL")
+    add("--lock-renew-time", type=_milliseconds, metavar="MS", help="default: lock duration / 2")
     return parser
 
 
@@ -454,91 +394,54 @@ def _redacted(url: str) -> str:
     if parts.password is None:
         return url
     host = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-
-
-def _client(url: str) -> redis.Redis:
-    # Fail within seconds and once: an operator wants to know the server is
-    # unreachable, not to watch redis-py retry with backoff.
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=CONNECT_TIMEOUT_SECONDS,
-        socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
-        retry=Retry(NoBackoff(), 0),
-    )
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 def _run_locks(args: argparse.Namespace, prog: str, out: TextIO, err: TextIO) -> int:
-    keys = QueueKeys(args.queue, prefix=args.prefix)
-    where = f"{keys.base!r} on {_redacted(args.url)}"
-    conn = _client(args.url)
+    keys, every = QueueKeys(args.queue, prefix=args.prefix), args.watch
+    watch, clear = Watch(), (_CLEAR if out.isatty() else "\n")
+    conn = client_for_url(args.url, timeout=CONNECT_TIMEOUT_SECONDS)
+    start, frames = time.monotonic(), 0
     try:
-        if args.watch is None:
+        while True:
             try:
                 locks, stalled_total = read_locks(conn, keys)
             except (redis.RedisError, OSError) as exc:
-                err.write(f"{prog}: error: cannot read the locks of {where}: {_one_line(exc)}\n")
-                return EXIT_ERROR
-            out.write(render_locks(keys, locks, stalled_total))
-            return EXIT_OK
-        return _watch(conn, keys, args.watch, where, prog, out, err)
+                problem = f"cannot read the locks of {keys.base!r} on {_redacted(args.url)}: "
+                problem += " ".join(f"{type(exc).__name__}: {exc}".split())
+                if frames == 0:  # A typo in the URL should fail at once, not loop.
+                    err.write(f"{prog}: error: {problem}\n")
+                    return EXIT_ERROR
+                frame = f"{problem} (retrying)\n"
+            else:
+                watched = None if every is None else watch.update(locks)
+                frame = render_locks(keys, locks, stalled_total, watched=watched)
+            if every is None:
+                out.write(frame)
+                return EXIT_OK
+            stamp = datetime.now().strftime("%H:%M:%S")
+            out.write(f"{clear}{stamp}  every {every:g} s, Ctrl-C to stop\n{frame}")
+            out.flush()
+            # Refreshes keep a fixed grid, so the time a read takes does not
+            # stretch the period; a late one skips to the next slot.
+            frames = max(frames + 1, math.ceil((time.monotonic() - start) / every))
+            time.sleep(max(0.0, start + frames * every - time.monotonic()))
+    except KeyboardInterrupt:
+        if every is None:
+            raise
+        return EXIT_OK  # Ctrl-C is how a watch ends: a normal exit, not an error.
     finally:
         conn.close()
 
 
-def _watch(
-    conn: redis.Redis,
-    keys: QueueKeys,
-    every: float,
-    where: str,
-    prog: str,
-    out: TextIO,
-    err: TextIO,
-) -> int:
-    watch = Watch()
-    clear = _CLEAR if out.isatty() else "\n"
-    first = True
-    try:
-        while True:
-            stamp = datetime.now().strftime("%H:%M:%S")
-            try:
-                locks, stalled_total = read_locks(conn, keys)
-            except (redis.RedisError, OSError) as exc:
-                if first:
-                    # A typo in the URL should fail at once, not loop.
-                    err.write(
-                        f"{prog}: error: cannot read the locks of {where}: {_one_line(exc)}\n"
-                    )
-                    return EXIT_ERROR
-                frame = f"cannot read the locks of {where}: {_one_line(exc)} (retrying)\n"
-            else:
-                renewed = watch.update(locks, time.monotonic())
-                frame = render_locks(keys, locks, stalled_total, renewed=renewed)
-            out.write(f"{clear}{stamp}  every {every:g} s, Ctrl-C to stop\n{frame}")
-            out.flush()
-            first = False
-            time.sleep(every)
-    except KeyboardInterrupt:
-        # Ctrl-C is how a watch ends: a normal exit, not an error.
-        return EXIT_OK
-
-
-def _run_explain(
-    args: argparse.Namespace, parser: argparse.ArgumentParser, out: TextIO, err: TextIO
-) -> int:
+def _run_explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         timing = Timing(args.lock_duration, args.lock_renew_time)
     except (TypeError, ValueError) as exc:
-        parser.error(str(exc))
+        args.command_parser.error(str(exc))
     text, warnings = explain(timing)
     out.write(text)
-    for warning in warnings:
-        err.write(f"warning: {warning}\n")
+    err.write("".join(f"warning: {warning}\n" for warning in warnings))
     return EXIT_OK
 
 
@@ -546,21 +449,18 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Run the command line.
 
     Args:
-        argv: The arguments, without the program name; ``sys.argv[1:]`` when
-            ``None``.
-        prog: The program name shown in help and errors; the script's name
-            when ``None``.
+        argv: The arguments, without the program name (``sys.argv[1:]`` when ``None``).
+        prog: The program name shown in help and errors (the script's name when ``None``).
 
     Returns:
-        The exit status: :data:`EXIT_OK`, :data:`EXIT_ERROR` or
-        :data:`EXIT_USAGE`.
+        The exit status: :data:`EXIT_OK`, :data:`EXIT_ERROR` or :data:`EXIT_USAGE`.
     """
     parser = build_parser(prog)
     out, err = sys.stdout, sys.stderr
     try:
         args = parser.parse_args(argv)
         if args.command == "explain":
-            return _run_explain(args, args.command_parser, out, err)
+            return _run_explain(args, out, err)
         return _run_locks(args, parser.prog, out, err)
     except SystemExit as exc:
         # argparse exits for --help (0) and usage errors (2): report, don't raise.

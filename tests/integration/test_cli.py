@@ -7,6 +7,8 @@ same code without paying for an interpreter start each time.
 
 from __future__ import annotations
 
+import logging
+import math
 import queue
 import re
 import signal
@@ -15,15 +17,18 @@ import sys
 import threading
 import time
 import uuid
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 import redis
 
-from actors import QueueKeys
-from actors.cli import LockInfo, Watch, glob_escape, lock_pattern, main
+from actors import QueueKeys, Timing, start_link, stop, track_job
+from actors.cli import LockInfo, Watch, main
+from actors.connection import command_timeout
 from actors.embedded import EmbeddedServer, free_port
+from tests.integration.helpers import take_locks
 
 if TYPE_CHECKING:
     from tests.conftest import Server
@@ -87,8 +92,8 @@ def test_locks_lists_holder_time_left_and_stalled_state(
     )
     rows = table(result.stdout)
     assert list(rows) == ["job-2", "job-1"]
-    assert rows["job-1"][0] == slow[:8] + "..."
-    assert rows["job-2"][0] == fast[:8] + "..."
+    assert rows["job-1"][0] == f"{slow[:8]}...{slow[-8:]}"
+    assert rows["job-2"][0] == f"{fast[:8]}...{fast[-8:]}"
     assert 20 < seconds(rows["job-1"][1]) <= 30
     assert 0 < seconds(rows["job-2"][1]) <= 8
     assert (rows["job-1"][2], rows["job-2"][2]) == ("yes", "no")
@@ -117,6 +122,42 @@ def test_locks_of_a_bullmq_queue_and_a_lock_without_ttl(
     assert rows["timed"][2] == "yes"
 
 
+def test_bullmq_tokens_of_one_worker_stay_distinguishable(
+    server: Server, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a BullMQ queue where one worker holds three jobs, a repeatable one
+    # among them (its id holds colons), and a second worker holds one: tokens
+    # "<worker id>:<n>" that differ, within a worker, only after the colon
+    keys = QueueKeys("mail", prefix="bull")
+    first, second = uuid.uuid4().hex, uuid.uuid4().hex
+    tokens = {
+        "1": f"{first}:1",
+        "2": f"{first}:2",
+        "repeat:5f2c:1700000000000": f"{first}:12",
+        "3": f"{second}:1",
+        "short": "tok-7",
+    }
+    for job_id, token in tokens.items():
+        redis_client.set(keys.lock(job_id), token, px=20000)
+
+    # When its locks are listed
+    status = main(["locks", "--url", server.url, "--queue", "mail", "--prefix", "bull"])
+
+    # Then every holder reads differently, by the head and the tail of its token,
+    # each job under its full id, and a short token shows whole
+    out = capsys.readouterr().out
+    assert status == 0
+    rows = table(out)
+    shown = {job_id: row[0] for job_id, row in rows.items()}
+    assert shown == {
+        job_id: token if len(token) <= 19 else f"{token[:8]}...{token[-8:]}"
+        for job_id, token in tokens.items()
+    }
+    assert len(set(shown.values())) == len(tokens)
+    assert shown["1"].endswith(":1") and shown["2"].endswith(":2")
+    assert shown["1"][:8] != shown["3"][:8]
+
+
 def test_queue_names_with_glob_characters_match_only_themselves(
     redis_client: redis.Redis, server: Server, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -140,8 +181,6 @@ def test_queue_names_with_glob_characters_match_only_themselves(
     # ...where the unescaped pattern would have listed the decoy's lock too
     unescaped = {key.decode() for key in redis_client.scan_iter(match=tricky.key_prefix + "*:lock")}
     assert decoy.lock("not-mine") in unescaped
-    assert lock_pattern(tricky) == "emq:\\{q\\[1\\]\\}\\*\\?\\\\:*:lock"
-    assert glob_escape("plain-name_1") == "plain\\-name_1"
 
 
 def test_an_empty_queue_says_so(server: Server, redis_client: redis.Redis) -> None:
@@ -207,33 +246,54 @@ def test_usage_errors_exit_with_status_2(
 class Watching:
     """A ``locks --watch`` subprocess whose output lines the test waits for."""
 
-    def __init__(self, url: str, queue_name: str) -> None:
+    HEADER = re.compile(r"^\d\d:\d\d:\d\d  every ")
+
+    def __init__(self, url: str, queue_name: str, every: float = 0.2) -> None:
         self.process = subprocess.Popen(
-            [*CLI, "locks", "--url", url, "--queue", queue_name, "--watch", "0.2"],
+            [*CLI, "locks", "--url", url, "--queue", queue_name, "--watch", f"{every:g}"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        self.lines: queue.Queue[str] = queue.Queue()
+        self.lines: queue.Queue[tuple[float, str]] = queue.Queue()
         self.seen: list[str] = []
         self.reader = threading.Thread(target=self._read)
         self.reader.start()
 
     def _read(self) -> None:
         for line in self.process.stdout or []:
-            self.lines.put(line)
+            self.lines.put((time.monotonic(), line))
 
-    def wait_for_line(self, pattern: str, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
+    def _next(self, deadline: float) -> tuple[float, str] | None:
         while time.monotonic() < deadline:
             try:
-                line = self.lines.get(timeout=0.1)
+                arrived, line = self.lines.get(timeout=0.1)
             except queue.Empty:
                 continue
             self.seen.append(line)
-            if re.search(pattern, line):
+            return arrived, line
+        return None
+
+    def wait_for_line(self, pattern: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while (got := self._next(deadline)) is not None:
+            if re.search(pattern, got[1]):
                 return
         raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(self.seen)}")
+
+    def frames(self, count: int, timeout: float) -> list[tuple[float, dict[str, list[str]]]]:
+        """The next ``count`` whole frames: when each arrived, and its rows by job id."""
+        deadline = time.monotonic() + timeout
+        frames: list[tuple[float, list[str]]] = []
+        while len(frames) <= count:  # a frame is whole once the next one starts
+            got = self._next(deadline)
+            if got is None:
+                raise AssertionError(f"{len(frames)} of {count} frames in:\n{''.join(self.seen)}")
+            if self.HEADER.match(got[1]):
+                frames.append((got[0], []))
+            elif frames:
+                frames[-1][1].append(got[1])
+        return [(arrived, table("".join(lines))) for arrived, lines in frames[:count]]
 
     def interrupt(self) -> tuple[int, str]:
         """Press Ctrl-C; return the exit status and what went to stderr."""
@@ -256,15 +316,15 @@ def test_watch_refreshes_shows_renewals_and_stops_cleanly_on_ctrl_c(
     watching = Watching(server.url, "orders")
     try:
         # When the first refresh has shown it, not seen renewed yet
-        watching.wait_for_line(r"^job-1\s.*\s-$")
+        watching.wait_for_line(r"^job-1\s.*\s-\s+\d+\.\d s$")
 
         # ...and then its holder renews it and a second job starts
         redis_client.set(KEYS.lock("job-1"), token, px=60000)
         hold(redis_client, KEYS, "job-2", ttl_ms=10000)
 
-        # Then later refreshes show the new job, and the renewal as the TTL going up
+        # Then later refreshes show the new job, and the renewal as the expiry moving later
         watching.wait_for_line(r"^job-2\s")
-        watching.wait_for_line(r"^job-1\s.*\s\d+\.\d s ago$")
+        watching.wait_for_line(r"^job-1\s.*\s\d+\.\d s ago\s+\d+\.\d s$")
     finally:
         # When the operator presses Ctrl-C
         returncode, err = watching.interrupt()
@@ -299,22 +359,110 @@ def test_watch_rides_out_a_server_restart() -> None:
     assert err == ""
 
 
-def test_watch_sees_a_renewal_only_when_the_ttl_goes_up_under_the_same_token() -> None:
-    # Given a watch that has seen a lock once
+@pytest.mark.parametrize("every", [1.0, 0.25])
+def test_watch_sees_every_renewal_of_a_running_manager_and_its_lowest_ttl(
+    every: float, server: Server, redis_client: redis.Redis
+) -> None:
+    # Given a lock manager renewing three 2 s locks about once a second, whose
+    # renewals the test clocks (the callback runs just after each script call)
+    timing = Timing(2000)
+    duration, renew = timing.lock_duration, timing.renew_time
+    renewals: dict[str, list[float]] = {}
+    taken = time.monotonic()
+    tokens = take_locks(redis_client, KEYS, ["a", "b", "c"], ttl_ms=duration)
+
+    def renewed(job_ids: list[str]) -> None:
+        for job_id in job_ids:
+            renewals[job_id].append(time.monotonic())
+
+    renewals.update({job_id: [taken] for job_id in tokens})
+    manager = start_link(
+        connection=server.url, keys=KEYS, lock_duration=duration, on_locks_renewed=renewed
+    )
+    for job_id, token in tokens.items():
+        track_job(manager, job_id, token)
+
+    # When a watch refreshes for five renew periods: every 1 s, the period the
+    # locks are renewed at, and every 0.25 s
+    count = math.ceil(5 * renew / 1000 / every) + 1
+    watching = Watching(server.url, "orders", every=every)
+    try:
+        frames = watching.frames(count, timeout=30 + 3 * count * every)
+    finally:
+        returncode, err = watching.interrupt()
+        stop(manager)
+    assert returncode == 0, err
+
+    # Then every refresh after a renewal (one the test clocked between the
+    # arrival of the first frame and of the one before) shows a renewal, never
+    # older than one renew period plus one refresh
+    slack = renew / 10 / 1000  # scheduling noise on a busy machine, in seconds
+    first_arrival = frames[0][0]
+    checked = 0
+    for (previous_arrival, _), (_, rows) in pairwise(frames):
+        assert set(rows) == set(tokens)
+        for job_id, row in rows.items():
+            if not any(first_arrival < c < previous_arrival - slack for c in renewals[job_id]):
+                continue
+            ago = re.fullmatch(r"(\d+\.\d) s ago", row[3])
+            assert ago, (job_id, row, frames)
+            assert float(ago.group(1)) <= renew / 1000 + every + slack, (job_id, row)
+            checked += 1
+    # (all but the frames before the first renewal the watch could see)
+    unseen = 2 + math.ceil((renew / 1000 + slack) / every)
+    assert checked >= len(tokens) * (count - unseen), (checked, renewals, frames)
+
+    # ...and LOWEST TTL is at most the TTL each lock had just before a renewal
+    # the watch saw (the whole TTL minus the time since the previous renewal),
+    # and less than that by at most two refreshes
+    second_to_last_arrival = frames[-2][0]
+    for job_id, row in frames[-1][1].items():
+        lowest_ms = seconds(row[4]) * 1000
+        times = renewals[job_id]
+        gaps = [later - earlier for earlier, later in pairwise(times)]
+        assert gaps, renewals
+        seen = [
+            later - earlier
+            for earlier, later in pairwise(times)
+            if first_arrival < later < second_to_last_arrival
+        ]
+        assert seen, (renewals, first_arrival, second_to_last_arrival)
+        assert lowest_ms <= duration - max(seen) * 1000 + slack * 1000, (job_id, row, seen)
+        floor = duration - (max(gaps) + 2 * every + slack) * 1000
+        assert lowest_ms >= max(0.0, floor), (job_id, row, gaps)
+
+
+def lock(ttl_ms: int, at: float, token: str = "token-a", read_ms: float = 1.0) -> LockInfo:
+    """Job "j1" as read by a round trip that started at ``at`` and took ``read_ms``."""
+    return LockInfo("j1", token, ttl_ms, stalled=False, read_at=(at, at + read_ms / 1000))
+
+
+def test_watch_compares_expiry_instants_not_ttls() -> None:
+    # Given a watch that has seen a 1.5 s lock once
     watch = Watch()
-    first = LockInfo("j1", "token-a", 9000, stalled=False)
-    assert watch.update([first], now=100.0) == {"j1": "-"}
+    assert watch.update([lock(1500, at=100.0)]) == {"j1": ("-", "1.5 s")}
 
-    # When its TTL only went down, then went up, then time passed
-    assert watch.update([LockInfo("j1", "token-a", 8000, False)], now=101.0) == {"j1": "-"}
-    assert watch.update([LockInfo("j1", "token-a", 30000, False)], now=102.0) == {"j1": "0.0 s ago"}
-    assert watch.update([LockInfo("j1", "token-a", 28500, False)], now=103.5) == {"j1": "1.5 s ago"}
+    # When a refresh one second later reads the same TTL (its holder renewed
+    # it in between: its expiry moved one second later)
+    cells = watch.update([lock(1500, at=101.0)])
 
-    # Then a new holder (another token) is a new lock, not a renewal
-    assert watch.update([LockInfo("j1", "token-b", 30000, False)], now=104.0) == {"j1": "-"}
-    # ...and a lock that disappeared is forgotten
-    assert watch.update([], now=105.0) == {}
-    assert watch.update([LockInfo("j1", "token-b", 40000, False)], now=106.0) == {"j1": "-"}
+    # Then the renewal shows, and the lowest TTL is what the old expiry left at
+    # the latest moment the renewal can have come: the end of this read
+    assert cells == {"j1": ("0.0 s ago", "0.5 s")}
+
+    # When the TTL runs down without a renewal, lower than before
+    assert watch.update([lock(100, at=102.4)]) == {"j1": ("1.4 s ago", "0.1 s")}
+    # ...or a TTL goes up by less than the uncertainty of two reads
+    watch = Watch()
+    watch.update([lock(1500, at=200.0, read_ms=10)])
+    assert watch.update([lock(1005, at=200.5, read_ms=10)]) == {"j1": ("-", "1.0 s")}
+
+    # Then a new holder (another token) is a new lock, its lowest TTL its own
+    assert watch.update([lock(30000, at=201.0, token="token-b")]) == {"j1": ("-", "30.0 s")}
+    # ...a lock that disappeared is forgotten, and a lock without TTL has no lowest
+    assert watch.update([]) == {}
+    assert watch.update([lock(-1, at=203.0)]) == {"j1": ("-", "-")}
+    assert watch.update([lock(-1, at=204.0)]) == {"j1": ("-", "-")}
 
 
 # -- explain -------------------------------------------------------------
@@ -343,8 +491,38 @@ def test_explain_prints_the_windows_of_the_default_configuration() -> None:
         "worst-case gap": "15000 ms",
         "safety margin": "15000 ms",
         "socket_timeout": "1.875 s",
+        "cluster socket_timeout": "0.75 s",
     }
     assert "2.0 tick(s)" in result.stdout
+
+
+@pytest.mark.parametrize("lock_duration", [2000, 30000, 100_000])
+def test_explain_gives_the_socket_timeout_the_manager_warns_about(
+    lock_duration: int,
+    server: Server,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a lock duration, explained
+    status = main(["explain", "--lock-duration", str(lock_duration)])
+    rows = explained(capsys.readouterr().out)
+    assert status == 0
+
+    # When a manager of that duration starts with a client that has no socket timeout
+    client = redis.Redis.from_url(server.url)
+    with caplog.at_level(logging.WARNING, logger="actors"):
+        manager = start_link(connection=client, keys=KEYS, lock_duration=lock_duration)
+        stop(manager)
+    client.close()
+
+    # Then the manager's warning asks for the very figure explain prints, and
+    # the cluster figure is the same rule's, in the same format
+    warned = re.search(r"\(([\d.]+) s per attempt\)", caplog.text)
+    assert warned, caplog.text
+    interval = Timing(lock_duration).interval
+    assert rows["socket_timeout"] == f"{warned.group(1)} s"
+    assert rows["socket_timeout"] == f"{command_timeout(interval):g} s"
+    assert rows["cluster socket_timeout"] == f"{command_timeout(interval, cluster=True):g} s"
 
 
 def test_explain_warns_when_the_margin_is_under_one_tick(
@@ -408,5 +586,36 @@ def test_subcommand_help_explains_the_columns(capsys: pytest.CaptureFixture[str]
     # Then it describes the columns and the options
     out = capsys.readouterr().out
     assert status == 0
-    for words in ["token", "stalled set", "--watch", "--prefix", "SCAN"]:
+    for words in ["token", "stalled set", "--watch", "--prefix", "SCAN", "RENEWED", "LOWEST TTL"]:
         assert words in out
+
+
+@pytest.mark.parametrize("command", ["locks", "explain"])
+def test_subcommand_help_names_each_command_once(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given an operator asking one subcommand for help
+    # When it prints its usage and its examples
+    status = main([command, "--help"], prog="echomq-locks")
+
+    # Then every line names the program once and each subcommand once
+    out = capsys.readouterr().out
+    assert status == 0
+    assert out.startswith(f"usage: echomq-locks {command} [-h]")
+    assert "examples:\n  echomq-locks locks --url redis://" in out
+    assert "\n  echomq-locks explain --lock-duration" in out
+    for line in out.splitlines():
+        assert not re.search(r"(?<![\w-])(locks|explain) (locks|explain)\b", line), line
+        assert line.count("echomq-locks") <= 1, line
+
+
+def test_module_help_names_the_subcommand_once() -> None:
+    # Given the command run as a module, as the README shows it
+    # When its subcommand is asked for help
+    result = run("locks", "--help")
+
+    # Then usage and examples both read "python -m actors locks", never "locks locks"
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: python -m actors locks [-h]")
+    assert "  python -m actors locks --url redis://" in result.stdout
+    assert "locks locks" not in result.stdout
