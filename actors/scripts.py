@@ -19,6 +19,7 @@ import msgpack
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from actors.connection import hash_slot, is_cluster
+from actors.keys import LOCK_SUFFIX
 from actors.validation import require_int
 
 if TYPE_CHECKING:
@@ -358,7 +359,8 @@ def classify_failed(
     position = {job_id: i for i, job_id in enumerate(job_ids)}
     pipe = conn.pipeline(transaction=False)
     for job_id in outcome.failed:
-        pipe.get(keys.lock(job_id))
+        # Built as the script builds it: the ids come back from the server as sent.
+        pipe.get(keys.key_prefix + job_id + LOCK_SUFFIX)
     try:
         values = pipe.execute(raise_on_error=False)
     except RedisError as exc:

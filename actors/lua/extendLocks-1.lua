@@ -23,18 +23,19 @@
   Refused with an error reply, before any key is read or written:
     - ARGV[4] missing, 0 or below, or not an integer ("1.5", "1e3", "+5",
       " 5", "05"): PEXPIRE would delete a lock for a TTL of 0 or below.
-  Errors that end the call where they happen, as they would with SET:
+  Errors that end the call where they happen, as in BullMQ's script:
     - ARGV[4] a positive integer the server cannot use (above 2^63 - 1, or
-      now + TTL past it): PEXPIRE refuses it at the first held lock, before
-      that lock or any later key changes; a call that finds no held lock
-      reports every id.
+      now + TTL past it): PEXPIRE refuses it at the first held lock, as SET
+      would, with no key changed yet; a call that finds no held lock reports
+      every id.
     - KEYS[1] of another type than a set, once the first held lock is renewed.
-    - GET failing on a string key (an ACL refusal, say).
+    - GET failing for any reason but the key's type (an ACL refusal, say).
   Malformed arrays fail as they do in BullMQ's script: ARGV[2] or ARGV[3]
   that is not msgpack, or an id that is neither a string nor a number (ids
-  are part of key names), ends the call with a Lua error. Tokens and ids are
-  matched by position: an id without a token is reported, tokens beyond the
-  last id are ignored, and a token that is not a string never matches.
+  are part of key names), ends the call with a Lua error (a nil id may end
+  the array instead, as Lua counts it). Tokens and ids are matched by
+  position: an id without a token is reported, tokens beyond the last id are
+  ignored, and a token that is not a string never matches.
 
   Returns the reported ids in input order; an empty array means every lock
   was renewed.
@@ -72,11 +73,14 @@ for i = 1, #jobIds do
       redis.call("SREM", stalledKey, jobId)
     end
   else
-    -- Only a key that is not a string explains a failed GET. On a string key
-    -- the failure is the server's (TYPE raises a cluster or ACL refusal of
-    -- its own): end the call with it rather than report a lock still held.
-    if type(holder) == "table" and redis.call("TYPE", lockKey)["ok"] == "string" then
-      return holder
+    -- Only a key of another type explains a failed GET. Any other failure is
+    -- the server's (TYPE raises a cluster or ACL refusal of its own): end the
+    -- call with it, as before, rather than report a lock that may be held.
+    if type(holder) == "table" then
+      local kind = redis.call("TYPE", lockKey)["ok"]
+      if kind == "string" or kind == "none" then
+        return holder
+      end
     end
     lost[#lost + 1] = jobId
   end

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import msgpack
 import pytest
@@ -10,7 +11,7 @@ import redis
 from redis.exceptions import ResponseError
 
 from actors import QueueKeys, extend_locks
-from actors.scripts import renew_batch, script_sha, script_source
+from actors.scripts import STOLEN, renew_batch, script_sha, script_source
 
 pytestmark = pytest.mark.both_engines
 
@@ -198,3 +199,210 @@ def test_the_ttl_is_re_armed_without_touching_the_value(engine_client: redis.Red
 
     assert engine_client.get(KEYS.lock("j")) == held.encode()
     assert 4000 < engine_client.pttl(KEYS.lock("j")) <= 5000
+
+
+def run_script(client: redis.Redis, tokens: object, ids: object, *ttl: str | int) -> Any:
+    """EVAL the script with packed arrays; ``ttl`` may be missing or any string."""
+    packed_tokens, packed_ids = msgpack.packb(tokens), msgpack.packb(ids)
+    return client.eval(
+        script_source(), 1, KEYS.stalled, KEYS.key_prefix, packed_tokens, packed_ids, *ttl
+    )
+
+
+KeyStates = dict[Any, tuple[Any, Any]]
+
+
+def key_states(client: redis.Redis) -> KeyStates:
+    """Every key's serialized value and PTTL."""
+    return {key: (client.dump(key), client.pttl(key)) for key in client.scan_iter()}
+
+
+def assert_unchanged(before: KeyStates, after: KeyStates) -> None:
+    assert after.keys() == before.keys()
+    for key, (value, pttl) in after.items():
+        assert value == before[key][0], key
+        # Only time may have passed: a TTL never grows, a persistent key stays so.
+        assert before[key][1] - 1000 <= pttl <= before[key][1] or pttl == before[key][1] == -1, key
+
+
+@pytest.mark.parametrize(
+    "ttl", ["0", "-1", "-30000", "1.5", "1e3", "+5", "05", " 5", "5 ", "", "abc", "0x10"]
+)
+def test_a_ttl_that_is_not_a_positive_integer_is_refused_before_any_key_is_read(
+    engine_client: redis.Redis, ttl: str
+) -> None:
+    # PEXPIRE with 0 or less deletes the lock and answers 1: such a call used
+    # to destroy held locks, report them renewed and take them out of the
+    # stalled set.
+    held = token()
+    lock(engine_client, "held", held, ttl_ms=5000)
+    engine_client.set(KEYS.lock("forever"), held)
+    engine_client.sadd(KEYS.stalled, "held", "forever", "other")
+    before = key_states(engine_client)
+    engine_client.config_resetstat()
+
+    for ids in (["held", "forever", "gone"], ["gone"]):  # held locks or none
+        with pytest.raises(ResponseError, match=r"ARGV\[4\] must be the lock TTL"):
+            run_script(engine_client, [held, held, held][: len(ids)], ids, ttl)
+
+    called = set(engine_client.info("commandstats")) - {"cmdstat_eval", "cmdstat_config|resetstat"}
+    assert called <= {"cmdstat_config"}, called  # Redis 6.2 counts CONFIG as a whole
+    assert_unchanged(before, key_states(engine_client))
+
+
+def test_a_missing_ttl_is_refused(engine_client: redis.Redis) -> None:
+    held = token()
+    lock(engine_client, "j1", held, ttl_ms=5000)
+
+    with pytest.raises(ResponseError, match=r"ARGV\[4\] must be the lock TTL.*got 'nothing'"):
+        run_script(engine_client, [held], ["j1"])
+
+    assert engine_client.get(KEYS.lock("j1")) == held.encode()
+
+
+def test_the_refusal_shows_the_ttl_it_got(engine_client: redis.Redis) -> None:
+    with pytest.raises(ResponseError, match=r"got '-250'"):
+        run_script(engine_client, [token()], ["j1"], -250)
+
+
+def write_other_type(client: redis.Redis, key: str, kind: str) -> None:
+    if kind == "hash":
+        client.hset(key, "token", "x")
+    elif kind == "list":
+        client.rpush(key, "x")
+    elif kind == "set":
+        client.sadd(key, "x")
+    elif kind == "zset":
+        client.zadd(key, {"x": 1})
+    else:
+        client.xadd(key, {"token": "x"})
+    client.pexpire(key, 5000)
+
+
+@pytest.mark.parametrize("position", [0, 2, 4])
+@pytest.mark.parametrize("kind", ["hash", "list", "set", "zset", "stream"])
+def test_a_lock_key_of_another_type_is_lost_and_the_rest_of_the_call_renewed(
+    engine_client: redis.Redis, kind: str, position: int
+) -> None:
+    # GET on such a key raised WRONGTYPE and ended the call: the jobs before
+    # it were renewed but never reported, the jobs after it left to expire.
+    ids = [f"j{i}" for i in range(5)]
+    tokens = [token() for _ in ids]
+    for job_id, held in zip(ids, tokens, strict=True):
+        lock(engine_client, job_id, held)
+    odd = ids[position]
+    engine_client.delete(KEYS.lock(odd))
+    write_other_type(engine_client, KEYS.lock(odd), kind)
+    engine_client.sadd(KEYS.stalled, *ids, "other")
+    odd_before = (engine_client.dump(KEYS.lock(odd)), engine_client.pttl(KEYS.lock(odd)))
+
+    assert run_script(engine_client, tokens, ids, 30000) == [odd.encode()]
+
+    for job_id in ids:
+        if job_id != odd:
+            assert engine_client.pttl(KEYS.lock(job_id)) > 29000, job_id
+    assert engine_client.smembers(KEYS.stalled) == {odd.encode(), b"other"}
+    assert engine_client.type(KEYS.lock(odd)) == kind.encode()
+    assert engine_client.dump(KEYS.lock(odd)) == odd_before[0]
+    assert engine_client.pttl(KEYS.lock(odd)) <= odd_before[1]
+
+
+def test_a_lock_key_of_another_type_is_reported_stolen_by_extend_locks(
+    engine_client: redis.Redis,
+) -> None:
+    tokens = {"a": token(), "b": token(), "c": token()}
+    for job_id, held in tokens.items():
+        lock(engine_client, job_id, held)
+    engine_client.delete(KEYS.lock("b"))
+    engine_client.hset(KEYS.lock("b"), "token", tokens["b"])
+
+    assert extend_locks(engine_client, KEYS, list(tokens), list(tokens.values()), 30000) == ["b"]
+    outcome = renew_batch(engine_client, KEYS, list(tokens), list(tokens.values()), 30000)
+
+    assert outcome.errors == []
+    assert outcome.failed == ["b"]
+    assert outcome.reasons == {"b": STOLEN}
+    assert engine_client.pttl(KEYS.lock("c")) > 29000
+
+
+def test_a_get_that_fails_for_another_reason_than_the_type_ends_the_call(
+    engine_client: redis.Redis,
+) -> None:
+    # Only a key of another type explains a failed GET and makes a lost
+    # lock: a lock the script was not allowed to read may still be held.
+    held = token()
+    lock(engine_client, "held", held, ttl_ms=5000)
+    user = f"no-get-{uuid.uuid4().hex}"
+    engine_client.acl_setuser(
+        user, enabled=True, nopass=True, keys=["*"], commands=["+@all", "-get"]
+    )
+    address = engine_client.connection_pool.connection_kwargs
+    limited = redis.Redis(host=address["host"], port=address["port"], username=user)
+    try:
+        for job_id in ("held", "gone"):
+            with pytest.raises(ResponseError, match=r"(?i)permission|can't run"):
+                run_script(limited, [held], [job_id], 30000)
+    finally:
+        limited.close()
+        engine_client.acl_deluser(user)
+
+    assert engine_client.pttl(KEYS.lock("held")) <= 5000
+
+
+def test_ids_and_tokens_are_matched_by_position(engine_client: redis.Redis) -> None:
+    # As in BullMQ's script: an id without a token is reported (and its lock
+    # left alone), a token without an id is ignored.
+    tokens = {"a": token(), "b": token(), "c": token()}
+    for job_id, held in tokens.items():
+        lock(engine_client, job_id, held)
+    ids, values = list(tokens), list(tokens.values())
+
+    assert run_script(engine_client, values[:1], ids, 30000) == [b"b", b"c"]
+    assert engine_client.pttl(KEYS.lock("a")) > 29000
+    assert engine_client.pttl(KEYS.lock("b")) <= 1000
+    assert run_script(engine_client, [*values, token()], ids, 30000) == []
+    assert engine_client.pttl(KEYS.lock("c")) > 29000
+
+
+def test_number_ids_name_the_same_lock_and_number_tokens_never_match(
+    engine_client: redis.Redis,
+) -> None:
+    held = token()
+    lock(engine_client, "7", held)
+    lock(engine_client, "8", "8")
+
+    assert run_script(engine_client, [held, 8], [7, 8], 30000) == [8]
+
+    assert engine_client.pttl(KEYS.lock("7")) > 29000
+    assert engine_client.pttl(KEYS.lock("8")) <= 1000
+
+
+@pytest.mark.parametrize("odd_id", [True, ["j1"], {"id": "j1"}])
+def test_an_id_that_cannot_name_a_key_ends_the_call(
+    engine_client: redis.Redis, odd_id: object
+) -> None:
+    held = token()
+    lock(engine_client, "j1", held)
+
+    with pytest.raises(ResponseError):
+        run_script(engine_client, [held, held], [odd_id, "j1"], 30000)
+
+    assert engine_client.pttl(KEYS.lock("j1")) <= 1000
+
+
+@pytest.mark.parametrize("payload", [b"\xc1", b"\x92\xa1x", b""])
+def test_malformed_msgpack_ends_the_call_before_any_key_changes(
+    engine_client: redis.Redis, payload: bytes
+) -> None:
+    held = token()
+    lock(engine_client, "j1", held, ttl_ms=5000)
+    before = key_states(engine_client)
+    packed_ids, packed_tokens = msgpack.packb(["j1"]), msgpack.packb([held])
+
+    for tokens_arg, ids_arg in ((payload, packed_ids), (packed_tokens, payload)):
+        with pytest.raises(ResponseError):
+            engine_client.eval(
+                script_source(), 1, KEYS.stalled, KEYS.key_prefix, tokens_arg, ids_arg, 30000
+            )
+
+    assert_unchanged(before, key_states(engine_client))
