@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 
 ## demo: run the demo (starts its own server)
 demo: $(STAMP)
-	$(BIN)/python examples/demo.py
+	$(BIN)/python -m examples.demo
 
 ## test: lint, type-check and run the whole suite
 test: lint typecheck

@@ -1,4 +1,9 @@
-"""The demo: run as `make demo` runs it, its summary, its exit code and its picture."""
+"""The demo, run as ``make demo`` runs it: its summary, its exit code, its view and its picture.
+
+Two runs start at once: a quiet one on the test server (whose EVALSHA count
+it reads, so nothing else may run there) and a live one without matplotlib on
+a private server of its own, as ``make demo`` starts one.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +13,28 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import redis
 
-from examples import demo, timeline
-from tests.conftest import Server
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from tests.conftest import Server
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-# Three jobs of three TTLs each; wide margins for a busy machine.
-SHORT = ["--jobs", "3", "--lock-duration", "1500", "--work-ms", "4500", "--step-ms", "100"]
+#: How to get the picture, as the demo says when matplotlib is missing.
+INSTALL_HINT = "pip install 'echomq-actors[demo]'"
+#: Three jobs of two TTLs each: job-2's lock is stolen, job-3's actor crashes.
+SHORT = ["--jobs", "3", "--lock-duration", "1500", "--work-ms", "3000", "--step-ms", "100"]
+#: The slowest path (provoked at 1.25 TTLs, a TTL to run out, the work again), tripled.
+TIMEOUT_S = 3 * (1.25 * 1.5 + 1.5 + 3.0) + 30
+# `python -m examples.demo` in an interpreter where importing matplotlib fails.
+WITHOUT_MATPLOTLIB = (
+    "import runpy, sys; sys.modules['matplotlib'] = None; "
+    "runpy.run_module('examples.demo', run_name='__main__', alter_sys=True)"
+)
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -30,43 +45,80 @@ def _png_size(path: Path) -> tuple[int, int]:
     return width, height
 
 
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("demo")
+
+
+@pytest.fixture(scope="module")
+def runs(server: Server, out: Path) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    env = {key: value for key, value in os.environ.items() if key != "REDIS_URL"}
+    quiet = ["-m", "examples.demo", "--quiet", "--out", str(out / "quiet"), *SHORT]
+    live = ["-c", WITHOUT_MATPLOTLIB, "--out", str(out / "live"), *SHORT]
+    started = {
+        "quiet": _start(quiet, {**env, "REDIS_URL": server.url}, out / "quiet.txt"),
+        # A live table although stdout is no terminal: rich honours TTY_COMPATIBLE.
+        "live": _start(live, {**env, "TTY_COMPATIBLE": "1", "COLUMNS": "160"}, out / "live.txt"),
+    }
+    yield started
+    for process in started.values():
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
+def _start(args: list[str], env: dict[str, str], output: Path) -> subprocess.Popen[bytes]:
+    # Output to a file, not a pipe: a full pipe nobody reads yet would stall the run.
+    with output.open("w") as file:
+        return subprocess.Popen(
+            [sys.executable, *args], cwd=ROOT, env=env, stdout=file, stderr=subprocess.STDOUT
+        )
+
+
+def finished(process: subprocess.Popen[bytes], output: Path) -> str:
+    """Wait for a run; fail unless it exited 0. Return its output."""
+    process.wait(timeout=TIMEOUT_S)
+    text = output.read_text()
+    assert process.returncode == 0, text
+    return text
+
+
 def test_demo_quiet_run_summarises_only_the_provoked_failures(
-    server: Server, redis_client: redis.Redis, tmp_path: Path
+    runs: dict[str, subprocess.Popen[bytes]], server: Server, out: Path
 ) -> None:
-    # Given the demo in its quiet mode, without a terminal, on a short configuration,
-    env = {**os.environ, "REDIS_URL": server.url}
+    # Given the demo in its quiet mode on a short configuration,
     # when it runs as `make demo` runs it
-    done = subprocess.run(
-        [sys.executable, "examples/demo.py", "--quiet", "--out", str(tmp_path), *SHORT],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    stdout = finished(runs["quiet"], out / "quiet.txt")
 
-    # then it exits 0 and says that only the provoked lock was lost
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "unprovoked: 0" in done.stdout
-    assert "jobs finished:        2 of 3" in done.stdout
-    assert "result:               OK" in done.stdout
+    # then it says that only the provoked lock was lost
+    assert "unprovoked: 0" in stdout
+    assert "jobs finished:        2 of 3" in stdout
+    assert "result:               OK" in stdout
     # and quiet means the summary only: no event lines
-    assert "acquired" not in done.stdout
+    assert "acquired" not in stdout
 
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((out / "quiet" / "summary.json").read_text())
     assert summary["ok"] is True
     assert summary["provoked_lost"] == ["job-2"] == summary["abandoned"]
     assert summary["unprovoked_lost"] == []
+    assert summary["crashed"] == ["job-3"]
+    # and nothing renewed the crashed actor's lock until the restarted one took the job again
     assert summary["restarted"] == ["job-3"] == summary["untracked_after_crash"]
     assert sorted(summary["finished"]) == ["job-1", "job-3"]
     # and each tick with due jobs cost one script call, as the server counted
     assert summary["renewing_ticks"] > 0
     assert summary["server_evalsha_calls"] == summary["renewing_ticks"]
+    assert summary["manager_script_calls"] == summary["renewing_ticks"]
     assert summary["script_calls_per_renewing_tick"] == 1.0
+    # and every lock was released or ran out
+    client = server.client()
+    try:
+        assert client.keys("emq:demo:*") == []
+    finally:
+        client.close()
 
-    # and it drew a real PNG picture
-    picture = tmp_path / "timeline.png"
+    # and it drew a real picture
+    picture = out / "quiet" / "timeline.png"
     assert summary["timeline"] == str(picture)
     width, height = _png_size(picture)
     assert width > 800
@@ -75,55 +127,20 @@ def test_demo_quiet_run_summarises_only_the_provoked_failures(
 
 
 def test_demo_live_view_runs_without_matplotlib_and_says_how_to_get_the_picture(
-    server: Server,
-    redis_client: redis.Redis,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    runs: dict[str, subprocess.Popen[bytes]], out: Path
 ) -> None:
-    # Given no matplotlib, and the live view on a console that is no terminal,
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
-    monkeypatch.setenv("COLUMNS", "160")
-    config = demo.Config(
-        jobs=3, lock_duration=1500, work_ms=4500, step_ms=100, live=True, out=tmp_path
-    )
+    # Given no matplotlib, and a console rich takes for a terminal,
+    # when the demo runs on its own private server
+    stdout = finished(runs["live"], out / "live.txt")
 
-    # when the demo runs
-    summary = demo.run_demo(server.url, config)
-
-    # then it still succeeds, draws no picture and prints how to get one
-    assert summary.ok
-    assert summary.unprovoked_lost == []
-    assert summary.timeline is None
-    assert not (tmp_path / "timeline.png").exists()
-    out = capsys.readouterr().out
-    assert timeline.INSTALL_HINT in out
-    # and the live table showed each job with its lock's TTL
-    assert "lock TTL (PTTL)" in out
-    assert "job-3#1" in out
-
-
-def test_job_trace_follows_a_crashed_job_through_its_two_locks() -> None:
-    # Given a job taken, renewed, crashed, then taken again and finished
-    events = [
-        (0.0, "j", "acquired"),
-        (1.0, "j", "renewed"),
-        (1.2, "other", "renewed"),
-        (1.5, "j", "crashed"),
-        (1.5, "j", "restarted"),
-        (3.1, "j", "acquired"),
-        (4.0, "j", "renewed"),
-        (4.5, "j", "finished"),
-    ]
-
-    # when its trace is built with a 2 s TTL
-    trace = timeline.job_trace("j", events, 2.0)
-
-    # then the first lock runs out one TTL after its last renewal, untracked at the crash
-    first, second = trace.locks
-    assert first.sets == [0.0, 1.0]
-    assert (first.how, first.untracked_at, first.end) == ("expired", 1.5, 3.0)
-    # and the second one is released at the end
-    assert second.sets == [3.1, 4.0]
-    assert (second.how, second.end) == ("released", 4.5)
-    assert [kind for _, kind in trace.marks] == ["crashed", "restarted"]
+    # then it still succeeds, draws no picture and says how to get one
+    summary = json.loads((out / "live" / "summary.json").read_text())
+    assert summary["ok"] is True
+    assert summary["unprovoked_lost"] == []
+    assert summary["timeline"] is None
+    assert not (out / "live" / "timeline.png").exists()
+    assert INSTALL_HINT in stdout
+    # and the live table showed each job with its lock's TTL, the restarted actor too
+    assert "lock TTL (PTTL)" in stdout
+    assert "job-3#1" in stdout
+    assert "this worker" in stdout

@@ -1,138 +1,179 @@
-"""Every example runs against a real server, with short durations, and does what it says."""
+"""Every example runs as a user runs it, against a real server, and does what it says.
+
+The examples are run as scripts, never imported: each is a file a user reads
+and copies. They all start at once (each mostly waits on its locks' TTLs) and
+each test reads its own one's output; their queues do not overlap.
+"""
 
 from __future__ import annotations
 
-import redis
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
 from bullmq.queue_keys import QueueKeys as BullMQKeys
 
-from examples import bullmq_compat, health_check, multi_queue, supervisor_tree
-from tests.conftest import Server
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
-# Short but wide: a tick may run hundreds of ms late on a busy machine and no
-# lock may be lost for it (renew window 750 ms, tick 375 ms).
+    from tests.conftest import Server
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ("supervisor_tree", "manager_restart", "health_check", "multi_queue", "bullmq_compat")
+#: The examples' lock TTL, in milliseconds.
 LOCK_MS = 1500
+#: The slowest example ends within 10 TTLs (its own deadline), plus start-up on a busy machine.
+TIMEOUT_S = 10 * LOCK_MS / 1000 + 30
+
+Runs = dict[str, subprocess.Popen[str]]
 
 
-def _kinds(result: supervisor_tree.Result, job_id: str) -> list[str]:
-    return [event.kind for event in result.events if event.job_id == job_id]
+@pytest.fixture(scope="module")
+def runs(server: Server) -> Iterator[Runs]:
+    env = {**os.environ, "REDIS_URL": server.url}
+    started = {
+        name: subprocess.Popen(
+            [sys.executable, f"examples/{name}.py"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in EXAMPLES
+    }
+    yield started
+    for process in started.values():
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+
+
+def output(runs: Runs, name: str) -> list[str]:
+    """Wait for the example ``name``; fail unless it exited 0. Return its output lines."""
+    stdout, stderr = runs[name].communicate(timeout=TIMEOUT_S)
+    assert runs[name].returncode == 0, stdout + stderr
+    return stdout.splitlines()
+
+
+def lock_keys(server: Server, pattern: str) -> list[bytes | str]:
+    client = server.client()
+    try:
+        return client.keys(pattern)
+    finally:
+        client.close()
 
 
 def test_supervisor_tree_abandons_the_stolen_job_and_restarts_the_crashed_actor(
-    server: Server, redis_client: redis.Redis
+    runs: Runs, server: Server
 ) -> None:
-    # Given a tree of four jobs that each work three TTLs,
-    # when another worker takes job-2's lock and job-3's actor crashes mid-way
-    result = supervisor_tree.run(
-        server.url,
-        jobs=4,
-        lock_duration=LOCK_MS,
-        work_ms=3 * LOCK_MS,
-        step_ms=100,
-        steal="job-2",
-        crash="job-3",
-        provoke_after_ms=800,
+    # Given four job actors under a one-for-one supervisor,
+    # when another worker takes job-2's lock and job-3's actor crashes
+    lines = output(runs, "supervisor_tree")
+
+    # then only the stolen lock was reported lost, and its actor abandoned the
+    # work and left the lock to its new holder
+    assert "lost: ['job-2 (stolen)']" in lines
+    events = [
+        (float(m[1]), m[2], m[3], m[4])
+        for m in map(re.compile(r"\s*([\d.]+)s  (\S+)  (\S+(?: up)?)\s*(.*)").fullmatch, lines)
+        if m
+    ]
+    kinds = [(actor, kind) for _, actor, kind, _ in events]
+    assert ("job-2#0", "abandoned", "lock stolen; lock left to its new holder") in [
+        (actor, kind, detail) for _, actor, kind, detail in events
+    ]
+    # and the crashed actor was replaced by a second one, which waited for the
+    # crashed actor's lock to run out, took the job again and finished it
+    job3 = [(actor, kind) for actor, kind in kinds if actor.startswith("job-3")]
+    assert job3 == [
+        ("job-3#0", "acquired"),
+        ("job-3#0", "crashed"),
+        ("job-3#1", "restarted"),
+        ("job-3#1", "waiting"),
+        ("job-3#1", "acquired"),
+        ("job-3#1", "finished"),
+    ]
+    crashed_at = next(at for at, actor, kind, _ in events if kind == "crashed")
+    retaken_at = next(
+        at for at, actor, kind, _ in events if actor == "job-3#1" and kind == "acquired"
     )
-
-    # then only the stolen lock was reported lost, and its work abandoned
-    assert result.lost == ["job-2"]
-    assert result.stats.lost == 1
-    assert result.abandoned == ["job-2"]
-    assert _kinds(result, "job-2")[-3:] == ["lost", "abandon", "abandoned"]
-    # and the actor left the thief's lock alone (compare-and-delete refused)
-    abandoned = [e for e in result.events if e.job_id == "job-2" and e.kind == "abandoned"]
-    assert abandoned[0].detail.endswith("lock not ours: left as it is")
-
-    # and the crashed actor was restarted once, after its job was untracked
-    assert result.crashed == ["job-3"]
-    assert result.untracked_after_crash == ["job-3"]
-    assert result.restarts == {"job-1": 0, "job-2": 0, "job-3": 1, "job-4": 0}
-    kinds = _kinds(result, "job-3")
-    assert kinds.index("crashed") < kinds.index("untracked") < kinds.index("restarted")
-
-    # and nothing renewed the crashed actor's lock after the untrack: it ran
-    # out, the restarted actor waited for that, took the job again and finished
-    events = [event for event in result.events if event.job_id == "job-3"]
-    untracked_at = next(event.at for event in events if event.kind == "untracked")
-    retaken_at = [event.at for event in events if event.kind == "acquired"][1]
-    assert "waiting" in kinds
-    assert not [e for e in events if e.kind == "renewed" and untracked_at < e.at < retaken_at]
-    assert retaken_at - untracked_at < 2 * LOCK_MS / 1000
-
-    # and the others finished and released their locks
-    assert result.finished == ["job-1", "job-3", "job-4"]
-    assert result.unfinished == []
-    assert redis_client.keys("emq:supervised:*:lock") == []
-    assert result.server_script_calls == result.stats.script_calls > 0
+    # (not renewed after the crash: the lock ran out within one TTL)
+    assert 0 < retaken_at - crashed_at < (LOCK_MS + 500) / 1000
+    outcomes = {"job-1": "finished", "job-2": "abandoned", "job-3": "finished", "job-4": "finished"}
+    assert f"outcomes: {outcomes}" in lines
+    # and every lock was released (the thief's ran out)
+    assert lock_keys(server, "emq:supervised:*") == []
 
 
-def test_multi_queue_renews_each_queue_with_its_own_manager(
-    server: Server, redis_client: redis.Redis
+def test_manager_restart_keeps_every_lock_alive_after_the_manager_stops(
+    runs: Runs, server: Server
 ) -> None:
-    # Given a worker holding two jobs on each of two queues, one manager per queue,
-    # when it holds them past one TTL
-    result = multi_queue.run(
-        server.url, queues=("mail", "video"), jobs_per_queue=2, lock_duration=LOCK_MS
-    )
+    # Given five locks held through a manager, when the manager stops
+    lines = output(runs, "manager_restart")
 
-    # then every lock outlived its TTL, each renewed by its own queue's manager only
-    assert result.held_ms > LOCK_MS
-    for name, queue in result.queues.items():
-        assert queue.job_ids == [f"{name}-1", f"{name}-2"]
-        assert queue.held_past_ttl
-        assert queue.lost == []
-        assert set(queue.renewed) == set(queue.job_ids)
-        assert queue.stats.queue == name
-        # and never more than one script call per tick
-        assert 0 < queue.stats.script_calls <= queue.stats.ticks
-    # and the locks were released at the end
-    assert redis_client.keys("emq:*:lock") == []
+    # then a new one was started once and tracks all five again
+    assert "manager stopped; restarts: 1; new one tracks 5" in lines
+    # and two TTLs later (nothing left to renew them otherwise) all are still held
+    assert f"5 of 5 locks held {2 * LOCK_MS} ms after the stop" in lines
+    assert lock_keys(server, "emq:restartable:*") == []
 
 
-def test_health_check_tells_a_lost_lock_from_a_stopped_manager(
-    server: Server, redis_client: redis.Redis
-) -> None:
-    # Given a supervisor checking a manager that tracks three jobs,
-    # when one job's lock disappears and then the manager stops
-    result = health_check.run(server.url, lock_duration=LOCK_MS, jobs=3)
+def test_health_check_tells_a_lost_lock_from_a_stopped_manager(runs: Runs, server: Server) -> None:
+    # Given a manager renewing three jobs, checked while renewing, after one job
+    # lost its lock, and once stopped
+    lines = output(runs, "health_check")
 
-    # then it is healthy while it renews
-    assert result.healthy.healthy, result.healthy.reason
-    assert result.healthy.active == 3
-    assert sorted(result.healthy.tracked) == ["job-1", "job-2", "job-3"]
-    assert result.healthy.stats is not None
-    assert result.healthy.stats.renewed >= 3
+    # then it is healthy until it stops, and the check says why
+    assert lines == [
+        "renewing      healthy=True tracked=3 reason=ok",
+        "after a loss  healthy=True tracked=2 reason=ok",
+        "stopped       healthy=False tracked=- reason=stopped: no lock is renewed",
+    ]
+    assert lock_keys(server, "emq:checked:*") == []
 
-    # and still healthy after a lost lock, which it untracked
-    assert result.after_lost_lock.healthy, result.after_lost_lock.reason
-    assert result.after_lost_lock.active == 2
-    assert "job-1" not in result.after_lost_lock.tracked
-    assert result.after_lost_lock.stats is not None
-    assert result.after_lost_lock.stats.lost == 1
 
-    # and unhealthy once stopped
-    assert not result.after_stop.healthy
-    assert "stopped" in result.after_stop.reason
+def test_multi_queue_renews_each_queue_with_its_own_manager(runs: Runs, server: Server) -> None:
+    # Given two jobs on each of three queues, one manager per queue,
+    # when the worker holds them for one and a half TTLs
+    lines = output(runs, "multi_queue")
+
+    # then every lock outlived its TTL, nothing was lost
+    assert lines[0] == f"6 of 6 locks held after {1.5 * LOCK_MS:.0f} ms; lost: []"
+    # and each queue's manager renewed that queue's jobs and no others, each in
+    # fewer script calls than renewals (both jobs in one call per tick)
+    for line, name in zip(lines[1:], ("emails", "images", "reports"), strict=True):
+        match = re.fullmatch(
+            rf"{name} +renewed (.*) \((\d+) renewals in (\d+) script calls\)", line
+        )
+        assert match, line
+        assert match[1] == f"['{name}-1', '{name}-2']"
+        assert 2 <= int(match[3]) < int(match[2])
+        assert lock_keys(server, f"emq:{name}:*") == []
 
 
 def test_bullmq_compat_renews_bullmq_keys_and_clears_the_stalled_set(
-    server: Server, redis_client: redis.Redis
+    runs: Runs, server: Server
 ) -> None:
-    # Given jobs locked as BullMQ's move-to-active locks them, and marked by
-    # a stalled checker's round,
-    # when the manager with prefix "bull" renews them
-    result = bullmq_compat.run(server.url, queue="payments", jobs=3, lock_duration=LOCK_MS)
+    # Given jobs locked as BullMQ's move-to-active locks them and marked by a
+    # stalled checker's round, when the manager with prefix "bull" renews them
+    lines = output(runs, "bullmq_compat")
 
-    # then the keys are the ones BullMQ itself builds
-    bull = BullMQKeys("bull")
-    assert result.lock_keys == [bull.toKey("payments", n) + ":lock" for n in ("1", "2", "3")]
-    assert result.stalled_key == bull.getKeys("payments")["stalled"]
-
-    # and the first renewal took every id out of the stalled set
-    assert result.stalled_before == {"1", "2", "3"}
-    assert result.stalled_after == set()
-
-    # and the locks outlived their TTL, nothing lost
-    assert result.held_past_ttl
-    assert all(0 < ttl <= LOCK_MS for ttl in result.ttl_after_ms.values())
-    assert result.lost == []
-    assert redis_client.keys("bull:payments:*:lock") == []
+    # then the first renewal took every id out of the set BullMQ itself names
+    stalled = BullMQKeys("bull").getKeys("payments")["stalled"]
+    assert lines[:2] == [
+        f"{stalled} before renewal: ['1', '2', '3']",
+        f"{stalled} after renewal: []",
+    ]
+    # and past one TTL every lock, as BullMQ names it, was still held with time left
+    for n, line in zip("123", lines[2:5], strict=True):
+        key = BullMQKeys("bull").toKey("payments", n) + ":lock"
+        match = re.fullmatch(rf"{re.escape(key)}: held, (\d+) ms left", line)
+        assert match, line
+        assert 0 < int(match[1]) <= LOCK_MS
+    assert lines[5] == "3 of 3 locks held past one TTL; lost: []"
+    assert lock_keys(server, "bull:payments:*:lock") == []
