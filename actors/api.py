@@ -77,7 +77,7 @@ def start_link(
             UTF-8, or a cluster client was given for keys that cannot share
             one hash slot.
     """
-    ref: ManagerRef = LockManager.start(
+    ref = LockManager.start(
         connection=connection,
         keys=keys,
         lock_duration=lock_duration,
@@ -91,6 +91,7 @@ def start_link(
         clock=clock,
         timer=timer,
     )
+    assert isinstance(ref, ManagerRef)
     return ref
 
 

@@ -8,6 +8,10 @@ untracks nothing and the next tick retries.
 
 All state lives on the actor's thread: other threads reach it only through
 messages, which its :class:`~actors.ref.ManagerRef` checks in their thread.
+What the manager has to say (counters, logs, callbacks) goes through its
+:class:`~actors.report.Reporter`. The module is longer than the others
+because pykka's proxy sees only the actor's own methods: the operations
+are written here once, each a one-line door onto its message.
 """
 
 from __future__ import annotations
@@ -34,18 +38,19 @@ from actors.messages import (
 )
 from actors.ref import ManagerRef
 from actors.renewer import RedisRenewer
+from actors.report import Reporter
 from actors.schedule import DEFAULT_LOCK_DURATION, Timing, monotonic_ms, next_deadline
 from actors.scripts import DEFAULT_MAX_BATCH
-from actors.stats import Counters, Stats
 from actors.timer import ThreadTimer
 from actors.validation import MAX_DURATION_MS, is_valid_text, require_callback, require_int
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable
 
     from actors.connection import Client
     from actors.messages import Notify
     from actors.renewer import BatchOutcome, Renewer
+    from actors.stats import Stats
     from actors.timer import Timer, TimerFactory
 
 __all__ = ["LockManager"]
@@ -136,21 +141,17 @@ class LockManager(pykka.ThreadingActor):
         self._max_batch = max_batch
         self._max_hold = max_hold
         self._renewer = renewer
-        self._on_failed = on_lock_renewal_failed
-        self._on_renewed = on_locks_renewed
-        self._on_error = on_error
+        self._reporter = Reporter(
+            keys, self._timing, on_lock_renewal_failed, on_locks_renewed, on_error
+        )
         self.queue_name = keys.name
         self.clock: Callable[[], int] = clock or monotonic_ms
         self._make_timer: TimerFactory = timer or self._thread_timer
         self.thread_ident: int | None = None
         self.finished = threading.Event()
         self._jobs = JobTable()
-        self._counters = Counters()
         self._timer: Timer | None = None
         self._next_tick: int | None = None
-        self._failed_streak = 0
-        self._late_streak = 0
-        self._hinted = False
         # The reference every caller gets: it checks each door in the
         # caller's thread (see actors.ref); pykka offers no other hook.
         self._actor_ref = ManagerRef(self, self)
@@ -248,7 +249,7 @@ class LockManager(pykka.ThreadingActor):
         self._jobs.untrack(message.job_id)
 
     def _stats(self) -> Stats:
-        return self._counters.snapshot(self.queue_name, len(self._jobs), self.clock())
+        return self._reporter.counters.snapshot(self.queue_name, len(self._jobs), self.clock())
 
     # -- operations, for manager.proxy() ----------------------------------
     # The reference turns each proxy call into its message before it leaves
@@ -302,13 +303,12 @@ class LockManager(pykka.ThreadingActor):
     # -- the tick --------------------------------------------------------
 
     def _tick(self, scheduled: int | None) -> None:
-        counters = self._counters
-        counters.ticks += 1
+        self._reporter.counters.ticks += 1
         now = self.clock()
         on_grid = scheduled is not None and scheduled == self._next_tick
         if on_grid:
             assert scheduled is not None
-            self._note_lateness(now - scheduled)
+            self._reporter.late(now - scheduled)
             # Select and stamp at the grid time, not when the tick got to run:
             # lateness then never makes a job due a tick early, and the grid
             # time is never after the renewal, so no lock looks younger.
@@ -319,7 +319,7 @@ class LockManager(pykka.ThreadingActor):
         if self._jobs.watches:
             overdue = self._jobs.overdue(now)
             if overdue:
-                self._report([self._forget(job_id, MAX_HOLD) for job_id in overdue])
+                self._reporter.lost([self._forget(job_id, MAX_HOLD) for job_id in overdue])
         due, tokens = self._jobs.due(at, timing.threshold)
         if due:
             self._renew(due, tokens, at, now)
@@ -327,25 +327,9 @@ class LockManager(pykka.ThreadingActor):
             self._next_tick = next_deadline(at, timing.interval, self.clock())
             self._timer.arm(self._next_tick)
 
-    def _note_lateness(self, late_ms: int) -> None:
-        self._counters.late(float(late_ms))
-        quarter = self._timing.renew_time / 4
-        if late_ms <= quarter:
-            self._late_streak = 0
-            return
-        self._late_streak += 1
-        if self._late_streak == 1:
-            logger.warning(
-                "LockManager for queue %r: a tick ran %d ms late (more than a quarter of the "
-                "%d ms renew window): something holds this process's GIL or CPU; a job that "
-                "blocks in C code needs a separate process",
-                self.queue_name,
-                late_ms,
-                self._timing.renew_time,
-            )
-
     def _renew(self, due: list[str], tokens: list[str], at: int, now: int) -> None:
         started = time.perf_counter()
+        reporter = self._reporter
         jobs = self._jobs
         margin = self._timing.lock_duration - (now - jobs.oldest(due))
         calls = -(-len(due) // self._max_batch)
@@ -367,30 +351,20 @@ class LockManager(pykka.ThreadingActor):
                 if outcome.errors:
                     failure = outcome.errors[0].error
                     span.error(failure)
-            span.lateness(self._counters.lateness_ms, margin)
-        counters = self._counters
-        counters.tick(len(due), calls, (time.perf_counter() - started) * 1000)
+            span.lateness(reporter.counters.lateness_ms, margin)
+        reporter.counters.tick(len(due), calls, (time.perf_counter() - started) * 1000)
         # Callbacks run after the span: their time is theirs, not the tick's.
         if renewed:
-            counters.last_renewal = now
-            counters.renewed += len(renewed)
-            counters.margin(float(margin))
-            self._call(self._on_renewed, renewed, "on_locks_renewed")
+            reporter.renewed(renewed, now, margin)
         if lost:
-            self._report(lost)
-        if failure is not None:
-            counters.errors += 1
+            reporter.lost(lost)
+        if failure is None:
+            reporter.succeeded()
+        else:
             unknown = (
                 len(due) if outcome is None else sum(e.stop - e.start for e in outcome.errors)
             )
-            self._report_error(failure, unknown)
-        elif self._failed_streak:
-            logger.warning(
-                "LockManager for queue %r: renewals resumed after %d failed tick(s)",
-                self.queue_name,
-                self._failed_streak,
-            )
-            self._failed_streak = 0
+            reporter.failed(failure, unknown)
 
     def _apply(
         self, due: list[str], tokens: list[str], at: int, outcome: BatchOutcome
@@ -429,55 +403,6 @@ class LockManager(pykka.ThreadingActor):
                     exc_info=True,
                 )
         return LostLock(job_id, token or held, reason)
-
-    def _report(self, lost: Sequence[LostLock]) -> None:
-        self._counters.lost += len(lost)
-        shown = ", ".join(f"{item} ({item.reason})" for item in lost[:20])
-        logger.warning(
-            "LockManager for queue %r: lost the lock of %d job(s): %s%s",
-            self.queue_name,
-            len(lost),
-            shown,
-            " ..." if len(lost) > 20 else "",
-        )
-        if not self._hinted and any(item.reason == EXPIRED for item in lost):
-            self._hinted = True
-            logger.warning(
-                "LockManager for queue %r: the lock %r was gone when it was renewed. If the "
-                "worker takes its locks for less than this manager's lock_duration (%d ms), "
-                "start the manager with the worker's lock duration; if no such key ever "
-                "existed, check the prefix (%r; BullMQ uses 'bull') and the queue name",
-                self.queue_name,
-                self._keys.lock(next(item.job_id for item in lost if item.reason == EXPIRED)),
-                self._timing.lock_duration,
-                self._keys.prefix,
-            )
-        self._call(self._on_failed, list(lost), "on_lock_renewal_failed")
-
-    def _report_error(self, exc: Exception, jobs: int) -> None:
-        # The first failure of a streak carries its traceback; during a long
-        # outage the later ones are one line each.
-        self._failed_streak += 1
-        logger.error(
-            "LockManager for queue %r: renewal of %d job(s) failed, retrying next tick: %s: %s",
-            self.queue_name,
-            jobs,
-            type(exc).__name__,
-            exc,
-            exc_info=exc if self._failed_streak == 1 else None,
-        )
-        self._call(self._on_error, exc, "on_error")
-
-    def _call(self, callback: Callable[[Any], object] | None, arg: Any, name: str) -> None:
-        if callback is None:
-            return
-        try:
-            callback(arg)
-        except BaseException:
-            # SystemExit or KeyboardInterrupt too: left to pykka, they would
-            # stop every actor of the process, not only this manager.
-            logger.exception("LockManager for queue %r: %s raised", self.queue_name, name)
-
 
 _HANDLERS: dict[type, Callable[[LockManager, Any], Any]] = {
     ExtendLocks: lambda actor, message: actor._tick(message.scheduled),

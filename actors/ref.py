@@ -135,13 +135,13 @@ class ManagerRef(pykka.ActorRef[Any]):
         if not self.is_alive():
             return _failure(self.stopped_error(), block)
         try:
-            return super().ask(message, block=block, timeout=timeout)  # type: ignore[call-overload]
+            return super().ask(message, block=block, timeout=timeout)
         except ManagerStopped:
             raise
         except pykka.ActorDeadError:
             raise self.stopped_error() from None
 
-    def stop(self, block: bool = True, timeout: float | None = None) -> Any:  # type: ignore[override]
+    def stop(self, block: bool = True, timeout: float | None = None) -> Any:
         """Stop the manager; with ``block``, return once it is fully stopped.
 
         Safe from any thread, several at once, and from the manager's own

@@ -20,6 +20,7 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from actors.connection import hash_slot, is_cluster
 from actors.keys import LOCK_SUFFIX
+from actors.lost import EXPIRED, STOLEN, Reason
 from actors.validation import require_int
 
 if TYPE_CHECKING:
@@ -82,11 +83,6 @@ class ChunkError:
     error: Exception
 
 
-#: Why a lock was lost, as read back from the server: another token holds
-#: it (or the key holds something else), or it is gone.
-STOLEN, EXPIRED = "stolen", "expired"
-
-
 @dataclass(frozen=True, slots=True)
 class BatchOutcome:
     """What one batched renewal did."""
@@ -95,8 +91,8 @@ class BatchOutcome:
     failed: list[str]
     #: Chunks that did not run; their jobs' locks are in an unknown state.
     errors: list[ChunkError]
-    #: Why each failed id lost its lock: :data:`STOLEN` or :data:`EXPIRED`.
-    reasons: dict[str, str] = field(default_factory=dict)
+    #: Why each failed id lost its lock: ``"stolen"`` or ``"expired"``.
+    reasons: dict[str, Reason] = field(default_factory=dict)
 
 
 class UnconfirmedLossError(RedisError):
@@ -372,7 +368,7 @@ def classify_failed(
         )
         values = [exc] * len(outcome.failed)
     lost: list[str] = []
-    reasons: dict[str, str] = {}
+    reasons: dict[str, Reason] = {}
     held: list[ChunkError] = []
     for job_id, value in zip(outcome.failed, values, strict=True):
         i = position[job_id]
