@@ -1,0 +1,628 @@
+"""Stall-proof lock renewal for workers of the ``bullmq`` package (PyPI).
+
+bullmq-py renews its jobs' locks from an asyncio task on the worker's event
+loop. A processor that blocks that loop (``time.sleep``, a blocking client, a
+CPU loop) blocks the renewal too: the lock expires, a stalled checker moves
+the job back to wait, and it runs twice.
+
+:func:`use_actor_lock_manager` swaps the worker's lock manager for an
+:class:`ActorLockManager`, which has the same interface but renews through a
+:class:`~actors.LockManager` on its own thread, with a synchronous client of
+its own. A lost lock reaches the processor: its ``AbortSignal`` is aborted
+with a reason starting with :data:`LOCK_LOST`, and the worker emits the
+events bullmq-py emits (``lockRenewalFailed``, ``locksRenewed``, ``error``).
+
+Example:
+    >>> worker = Worker("payments", process, {"connection": url, "autorun": False})
+    >>> use_actor_lock_manager(worker)
+    >>> await worker.run()
+
+A thread helps as long as the blocking code lets go of the GIL: blocking I/O
+and ``time.sleep`` do, and pure-Python loops are preempted every
+``sys.getswitchinterval()`` (5 ms). C code that holds the GIL (a catastrophic
+regular expression, some native extensions) starves every thread of the
+process; run such work in another process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import pykka
+import redis
+import redis.asyncio
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+import actors
+from actors.connection import RETRIES, client_for_url, command_timeout
+
+try:
+    from bullmq.abort_controller import AbortController
+except ImportError as error:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "actors.bullmq needs the bullmq package: pip install 'echomq-actors[bullmq]'"
+    ) from error
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+__all__ = ["LOCK_LOST", "ActorLockManager", "use_actor_lock_manager"]
+
+logger = logging.getLogger(__name__)
+
+#: How the reason of an ``AbortSignal`` aborted for a lost lock begins.
+LOCK_LOST = "lock lost"
+
+#: Settings of a worker's connection that the renewal client sets itself:
+#: bounded timeouts and retries (so a tick cannot hang), no client name
+#: (bullmq lists a queue's workers by client name; this is not one), and
+#: redis-py's default replies (the manager reads ids either way).
+_OWN_SETTINGS = frozenset(
+    {
+        "socket_timeout",
+        "socket_connect_timeout",
+        "retry",
+        "retry_on_error",
+        "retry_on_timeout",
+        "single_connection_client",
+        "client_name",
+        "decode_responses",
+        "connection_pool",
+    }
+)
+
+#: Connection settings copied from a ``redis.asyncio`` client, besides ``ssl_*``.
+_COPIED_SETTINGS = (
+    "host",
+    "port",
+    "db",
+    "username",
+    "password",
+    "credential_provider",
+    "encoding",
+    "encoding_errors",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """One job the worker processes, as the worker's loop knows it."""
+
+    #: The token its lock holds.
+    token: str
+    #: When it became active, in wall-clock milliseconds, as bullmq gives it.
+    ts: int
+    #: Aborts the signal the processor was given, if it asked for one.
+    controller: AbortController | None
+    #: The manager reported its lock lost.
+    lost: bool = False
+    #: The processor returned: the manager no longer renews the lock, which
+    #: bullmq is about to release.
+    released: bool = False
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _monotonic_from_wall(wall_ms: int) -> int:
+    """Return the monotonic time, in ms, of a wall-clock instant in the recent past."""
+    age = max(0, _now_ms() - wall_ms)
+    return time.monotonic_ns() // 1_000_000 - age
+
+
+def _renewal_client(options: object, interval_ms: int) -> redis.Redis:
+    """Build the synchronous client the manager renews with.
+
+    Args:
+        options: A worker's ``connection`` option: a URL, a dict of
+            ``redis.Redis`` keywords, or a ``redis.asyncio.Redis`` client.
+        interval_ms: The manager's tick interval; each attempt of a command
+            waits at most :func:`actors.connection.command_timeout` of it.
+
+    Raises:
+        TypeError: ``options`` is a cluster client or something else.
+    """
+    if isinstance(options, str):
+        return client_for_url(options, interval_ms=interval_ms)
+    if isinstance(options, dict):
+        settings = {key: value for key, value in options.items() if key not in _OWN_SETTINGS}
+    elif isinstance(options, redis.asyncio.Redis):
+        settings = _settings_of(options)
+    elif isinstance(options, (redis.asyncio.RedisCluster, redis.RedisCluster)):
+        raise TypeError(
+            "the worker talks to a Redis Cluster: pass the renewal client yourself, "
+            "use_actor_lock_manager(worker, connection=actors.connection.cluster_client("
+            f"url, interval_ms={interval_ms}))"
+        )
+    else:
+        raise TypeError(
+            "the worker's connection must be a URL, a dict of options or a "
+            f"redis.asyncio.Redis client, got {type(options).__name__}"
+        )
+    seconds = command_timeout(interval_ms)
+    return redis.Redis(
+        **settings,
+        socket_timeout=seconds,
+        socket_connect_timeout=seconds,
+        retry=Retry(NoBackoff(), RETRIES),
+    )
+
+
+def _settings_of(client: redis.asyncio.Redis) -> dict[str, Any]:
+    """Return the ``redis.Redis`` keywords that reach the server ``client`` reaches."""
+    pool = client.connection_pool
+    given = pool.connection_kwargs
+    settings = {key: given[key] for key in _COPIED_SETTINGS if key in given}
+    if issubclass(pool.connection_class, redis.asyncio.UnixDomainSocketConnection):
+        settings.pop("host", None)
+        settings.pop("port", None)
+        settings["unix_socket_path"] = given["path"]
+    elif issubclass(pool.connection_class, redis.asyncio.SSLConnection):
+        settings["ssl"] = True
+        accepted = inspect.signature(redis.Redis.__init__).parameters
+        settings.update(
+            (key, value)
+            for key, value in given.items()
+            if key.startswith("ssl_") and key in accepted
+        )
+    return settings
+
+
+class ActorLockManager:
+    """bullmq-py's lock manager, renewing from a :class:`~actors.LockManager` thread.
+
+    It has the interface the ``Worker`` uses (``start``, ``track_job``,
+    ``untrack_job``, ``cancel_job``, ``cancel_all_jobs``, the counts and
+    ``close``) and behaves the same, with three differences:
+
+    - renewal runs on the manager's thread, so a processor that blocks the
+      worker's loop keeps its lock;
+    - a job whose lock was lost (stolen, or expired) has its ``AbortSignal``
+      aborted with a reason starting with :data:`LOCK_LOST`, and is no longer
+      renewed (bullmq-py would try it again every tick, and fail again);
+    - when the processor returns, the job is untracked before bullmq moves
+      it to completed or failed (which deletes the lock), not after: a tick in
+      between would find the lock gone and report a loss. (Installed by
+      :func:`use_actor_lock_manager`, which wraps the worker's processor.)
+
+    Every method is called on the worker's event loop, as the ``Worker``
+    does; the manager's reports reach the loop through
+    ``loop.call_soon_threadsafe``, so listeners run there too, and a
+    processor that blocks the loop sees its signal aborted once it awaits
+    again: check ``signal.aborted`` after each blocking step.
+
+    Args:
+        worker: The bullmq ``Worker``; its ``emit`` delivers the events.
+        lock_renew_time: Longest time between two renewals of a lock, in
+            milliseconds (the worker's ``lockRenewTime``); ``0`` or less turns
+            renewal off, as in bullmq-py.
+        lock_duration: The TTL each renewal sets, in milliseconds (the
+            worker's ``lockDuration``).
+        worker_id: The worker's id, for diagnostics.
+        worker_name: The worker's name, if it has one.
+        connection: The client to renew with: a ``redis.Redis``, a
+            ``redis.RedisCluster`` or a URL. When ``None``, a client with
+            bounded timeouts is built from the worker's ``connection`` option.
+        max_batch: Most ids per script call (see :func:`actors.start_link`).
+
+    Raises:
+        TypeError: A duration is not an ``int``, or the connection cannot be
+            used (see :func:`use_actor_lock_manager`).
+        ValueError: ``lock_renew_time`` is not below ``lock_duration``, or the
+            queue's name or prefix cannot make keys.
+    """
+
+    def __init__(
+        self,
+        worker: Any,
+        lock_renew_time: int,
+        lock_duration: int,
+        worker_id: str,
+        worker_name: str | None = None,
+        *,
+        connection: redis.Redis | redis.RedisCluster | str | None = None,
+        max_batch: int = actors.DEFAULT_MAX_BATCH,
+    ) -> None:
+        self.worker = worker
+        self.lock_renew_time = lock_renew_time
+        self.lock_duration = lock_duration
+        self.worker_id = worker_id
+        self.worker_name = worker_name
+        self.closed = False
+        self._keys = actors.QueueKeys(worker.name, prefix=worker.opts.get("prefix", "bull"))
+        self._max_batch = max_batch
+        self._jobs: dict[str, _Held] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._manager: actors.ManagerRef | None = None
+        self._conn: redis.Redis | redis.RedisCluster | None = None
+        self._owns_connection = False
+        self._release_timeout = 0.0
+        # bullmq-py turns renewal off for lockRenewTime <= 0; so does this.
+        self._renews = not (
+            isinstance(lock_renew_time, (int, float))
+            and not isinstance(lock_renew_time, bool)
+            and lock_renew_time <= 0
+        )
+        if not self._renews:
+            return
+        try:
+            timing = actors.Timing(lock_duration, lock_renew_time)
+        except (TypeError, ValueError) as error:
+            raise type(error)(
+                f"worker options lockDuration={lock_duration!r}, "
+                f"lockRenewTime={lock_renew_time!r}: {error}"
+            ) from error
+        # Waiting for the manager to untrack a finished job holds the loop: at
+        # most one attempt of a command, when a tick is in flight.
+        self._release_timeout = command_timeout(timing.interval)
+        if connection is None:
+            connection = _renewal_client(worker.opts.get("connection", {}), timing.interval)
+            self._owns_connection = True
+        elif isinstance(connection, str):
+            connection = client_for_url(connection, interval_ms=timing.interval)
+            self._owns_connection = True
+        elif not isinstance(connection, (redis.Redis, redis.RedisCluster)):
+            raise TypeError(
+                "connection must be a redis.Redis, a redis.RedisCluster or a URL, "
+                f"got {type(connection).__name__}"
+            )
+        self._conn = connection
+
+    # -- what the tests, examples and operators read ----------------------
+
+    @property
+    def renews(self) -> bool:
+        """Whether renewal is on (``lock_renew_time > 0``, as in bullmq-py)."""
+        return self._renews
+
+    @property
+    def keys(self) -> actors.QueueKeys:
+        """The queue's keys: the worker's prefix and queue name."""
+        return self._keys
+
+    @property
+    def connection(self) -> redis.Redis | redis.RedisCluster | None:
+        """The synchronous client the manager renews with; ``None`` with renewal off."""
+        return self._conn
+
+    @property
+    def manager(self) -> actors.ManagerRef | None:
+        """The running :class:`~actors.LockManager`, for :func:`actors.get_stats`.
+
+        ``None`` before :meth:`start`, after :meth:`close` and with renewal off.
+        """
+        return self._manager
+
+    @property
+    def tracked_jobs(self) -> dict[str, dict[str, Any]]:
+        """A snapshot of the tracked jobs, shaped as bullmq-py's attribute.
+
+        Each id maps to ``{"token", "ts", "abort_controller"}``. Changing the
+        snapshot changes nothing: use :meth:`track_job` and :meth:`untrack_job`.
+        """
+        return {
+            job_id: {"token": held.token, "ts": held.ts, "abort_controller": held.controller}
+            for job_id, held in self._jobs.items()
+        }
+
+    # -- the interface the Worker uses ----------------------------------
+
+    def start(self) -> None:
+        """Start the manager's thread, on the worker's running loop. Idempotent.
+
+        Raises:
+            RuntimeError: No event loop is running in this thread.
+        """
+        if self.closed or self._manager is not None or self._conn is None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._manager = actors.start_link(
+            connection=self._conn,
+            keys=self._keys,
+            lock_duration=self.lock_duration,
+            lock_renew_time=self.lock_renew_time,
+            on_lock_renewal_failed=self._lost_from_thread,
+            on_locks_renewed=self._renewed_from_thread,
+            on_error=self._error_from_thread,
+            max_batch=self._max_batch,
+        )
+        # Jobs tracked before the start are renewed from now on.
+        for job_id, held in self._jobs.items():
+            self._tell_track(job_id, held)
+
+    def track_job(
+        self,
+        job_id: str,
+        token: str,
+        ts: int,
+        should_create_controller: bool = False,
+    ) -> AbortController | None:
+        """Renew ``job_id``'s lock, held with ``token``, from now on.
+
+        Args:
+            job_id: The job's id.
+            token: The token its lock holds.
+            ts: When the job became active, in wall-clock milliseconds.
+            should_create_controller: Create an ``AbortController`` for the
+                processor's signal.
+
+        Returns:
+            The controller, or ``None`` when none was asked for, the job id is
+            empty or the manager is closed.
+        """
+        if self.closed or not job_id:
+            return None
+        controller = AbortController() if should_create_controller else None
+        held = _Held(token, ts, controller)
+        self._jobs[str(job_id)] = held
+        if self._manager is not None:
+            self._tell_track(str(job_id), held)
+        return controller
+
+    def untrack_job(self, job_id: str) -> None:
+        """Stop renewing ``job_id``'s lock: the job completed, failed or moved."""
+        job_id = str(job_id)
+        held = self._jobs.pop(job_id, None)
+        if held is not None and not held.released and self._manager is not None:
+            actors.untrack_job(self._manager, job_id)
+
+    def cancel_job(self, job_id: str, reason: str | None = None) -> bool:
+        """Abort ``job_id``'s signal with ``reason``.
+
+        Returns:
+            Whether the job is tracked and has a controller.
+        """
+        held = self._jobs.get(str(job_id))
+        if held is None or held.controller is None:
+            return False
+        held.controller.abort(reason)
+        return True
+
+    def cancel_all_jobs(self, reason: str | None = None) -> None:
+        """Abort the signal of every tracked job that has a controller."""
+        for held in self._jobs.values():
+            if held.controller is not None:
+                held.controller.abort(reason)
+
+    def get_active_job_count(self) -> int:
+        """Return how many jobs are tracked."""
+        return len(self._jobs)
+
+    def get_tracked_job_ids(self) -> list[str]:
+        """Return the tracked job ids."""
+        return list(self._jobs)
+
+    def is_running(self) -> bool:
+        """Whether the manager renews: started, not closed, renewal on."""
+        return not self.closed and self._manager is not None
+
+    async def close(self) -> None:
+        """Stop renewing and forget every job. Idempotent.
+
+        The manager's thread (and a client built here) is stopped off the
+        loop, by a short-lived thread that has ended when this returns.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        self._jobs.clear()
+        manager, self._manager = self._manager, None
+        conn = self._conn if self._owns_connection else None
+        if manager is None and conn is None:
+            return
+
+        def release() -> BaseException | None:
+            try:
+                if manager is not None:
+                    actors.stop(manager)
+                if conn is not None:
+                    conn.close()
+            except Exception as error:
+                return error
+            return None
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            # Closed outside any loop: a worker's run() finalized by the
+            # garbage collector after its loop was closed. Stop here.
+            failure = release()
+        else:
+            done: asyncio.Future[BaseException | None] = loop.create_future()
+
+            def release_and_tell() -> None:
+                failure = release()
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(_settle, done, failure)
+
+            # Stopping waits for a tick in flight; that wait must not hold the loop.
+            thread = threading.Thread(
+                target=release_and_tell, name=f"bullmq-locks-close-{self._keys.name}", daemon=True
+            )
+            thread.start()
+            failure = await done
+            thread.join()
+        if failure is not None:
+            self._emit("error", failure)
+
+    def releasing(self, processor: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        """Wrap a bullmq processor so its job is untracked as soon as it returns.
+
+        bullmq deletes a job's lock when it moves the job to completed or
+        failed, right after the processor returns, and untracks the job only
+        after that; a tick in between would find the lock gone and report it
+        lost. The wrapper untracks first, and waits until the manager has (at
+        most one command timeout, when a tick is in flight).
+
+        Args:
+            processor: The worker's processor, ``(job, token[, signal])``.
+
+        Returns:
+            A processor that takes and returns the same.
+        """
+
+        @functools.wraps(processor)
+        async def process(job: Any, token: str, *signal: Any) -> Any:
+            try:
+                return await processor(job, token, *signal)
+            finally:
+                self._release(str(job.id))
+
+        return process
+
+    def _release(self, job_id: str) -> None:
+        held = self._jobs.get(job_id)
+        manager = self._manager
+        if held is None or held.released or manager is None:
+            return
+        self._jobs[job_id] = replace(held, released=True)
+        try:
+            actors.untrack_job(manager, job_id, wait=True, timeout=self._release_timeout)
+        except pykka.Timeout:
+            # The untrack is still queued; a loss reported meanwhile is dropped.
+            logger.debug("queue %r: job %r untracked without waiting", self._keys.name, job_id)
+
+    # -- reports from the manager's thread -------------------------------
+
+    def _tell_track(self, job_id: str, held: _Held) -> None:
+        assert self._manager is not None
+        # The manager counts from when the lock was taken, on its own clock.
+        ts = _monotonic_from_wall(held.ts) if held.ts else None
+        actors.track_job(self._manager, job_id, held.token, ts=ts)
+
+    def _to_loop(self, callback: Callable[..., object], *args: object) -> None:
+        # Runs on the manager's thread: hand over and return at once.
+        loop = self._loop
+        if loop is None or self.closed:
+            return
+        try:
+            loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:
+            logger.debug("worker loop of queue %r closed; report dropped", self._keys.name)
+
+    def _lost_from_thread(self, job_ids: list[actors.LostLock]) -> None:
+        lost = [(job_id.job_id, job_id.token, job_id.reason) for job_id in job_ids]
+        self._to_loop(self._on_lost, lost)
+
+    def _renewed_from_thread(self, job_ids: list[str]) -> None:
+        self._to_loop(self._on_renewed, [str(job_id) for job_id in job_ids])
+
+    def _error_from_thread(self, error: Exception) -> None:
+        self._to_loop(self._emit, "error", error)
+
+    # -- on the worker's loop ---------------------------------------------
+
+    def _on_lost(self, lost: list[tuple[str, str, str]]) -> None:
+        if self.closed:
+            return
+        reported = []
+        for job_id, token, why in lost:
+            held = self._jobs.get(job_id)
+            # Gone or released: the worker finished the job and bullmq deletes
+            # (deleted) its lock. Another token: the report is about an earlier
+            # lock of a job taken again.
+            if held is None or held.lost or held.released or token != held.token:
+                continue
+            self._jobs[job_id] = replace(held, lost=True)
+            if held.controller is not None:
+                held.controller.abort(f"{LOCK_LOST} ({why}): job {job_id}")
+            reported.append(job_id)
+        if reported:
+            self._emit("lockRenewalFailed", reported)
+            for job_id in reported:
+                self._emit("error", Exception(f"could not renew lock for job {job_id}"))
+
+    def _on_renewed(self, job_ids: list[str]) -> None:
+        if not self.closed:
+            self._emit("locksRenewed", {"count": len(job_ids), "jobIds": job_ids})
+
+    def _emit(self, event: str, *args: object) -> None:
+        # A listener that raises becomes an "error" event, as in bullmq-py.
+        try:
+            self.worker.emit(event, *args)
+        except Exception as error:
+            if event == "error":
+                logger.warning(
+                    "an 'error' listener of queue %r raised", self._keys.name, exc_info=True
+                )
+            else:
+                self._emit("error", error)
+
+
+def _settle(done: asyncio.Future[BaseException | None], failure: BaseException | None) -> None:
+    if not done.done():
+        done.set_result(failure)
+
+
+def use_actor_lock_manager(
+    worker: Any,
+    *,
+    connection: redis.Redis | redis.RedisCluster | str | None = None,
+    max_batch: int = actors.DEFAULT_MAX_BATCH,
+) -> ActorLockManager:
+    """Make a bullmq ``Worker`` renew its locks from a thread; call before it runs.
+
+    The worker's ``lockDuration``, ``lockRenewTime``, ``prefix`` and queue
+    name carry over. Events and the processor's ``AbortSignal`` work as
+    before; a lost lock now aborts the signal (see :class:`ActorLockManager`).
+    The worker's processor is wrapped (:meth:`ActorLockManager.releasing`) so
+    a finished job is untracked before bullmq deletes its lock.
+
+    Example:
+        >>> worker = Worker("payments", process, {"connection": url, "autorun": False})
+        >>> use_actor_lock_manager(worker)
+        >>> await worker.run()
+
+    Args:
+        worker: A ``bullmq.Worker`` that has not started running. With
+            ``autorun`` (bullmq's default), call this right after creating it,
+            before the loop runs again.
+        connection: The client to renew with; by default one is built from
+            the worker's ``connection`` option (a URL, a dict of options or a
+            ``redis.asyncio.Redis``), with timeouts that keep a failed tick
+            short. A cluster needs one: ``actors.connection.cluster_client``.
+        max_batch: Most ids per script call.
+
+    Returns:
+        The installed manager (also ``worker.lockManager``); installing twice
+        returns the first.
+
+    Raises:
+        TypeError: ``worker`` is not a bullmq ``Worker`` on Redis, or the
+            connection cannot be used.
+        RuntimeError: The worker is running or closed.
+        ValueError: The worker's durations cannot make a schedule.
+    """
+    current = getattr(worker, "lockManager", None)
+    opts = getattr(worker, "opts", None)
+    if current is None or not isinstance(opts, dict) or not isinstance(worker.name, str):
+        raise TypeError(f"worker must be a bullmq Worker, got {type(worker).__name__}")
+    if isinstance(current, ActorLockManager):
+        return current
+    if opts.get("backend", "redis") != "redis":
+        raise TypeError(f"only a Redis backend can be renewed, not {opts['backend']!r}")
+    if worker.running or worker.closing or worker.closed or current.is_running():
+        raise RuntimeError("install the lock manager before the worker runs")
+    installed = ActorLockManager(
+        worker,
+        opts["lockRenewTime"],
+        opts["lockDuration"],
+        worker.id,
+        worker.workerName,
+        connection=connection,
+        max_batch=max_batch,
+    )
+    worker.lockManager = installed
+    if worker.processor is not None:
+        worker.processor = installed.releasing(worker.processor)
+    return installed

@@ -1,0 +1,33 @@
+"""A regular expression that backtracks for seconds without letting go of the GIL.
+
+Kept apart, with nothing else imported, so a process pool's children load it fast.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+
+#: Nested quantifiers: matching ``"a" * n + "b"`` tries about 2**n ways.
+PATTERN = re.compile(r"(a+)+$")
+
+#: The size calibrated against: a few hundred ms, long enough to time well.
+_PROBE = 21
+
+
+def backtrack(n: int) -> float:
+    """Match ``"a" * n + "b"`` (it never matches); return how long it took, in seconds."""
+    started = time.perf_counter()
+    PATTERN.match("a" * n + "b")
+    return time.perf_counter() - started
+
+
+def size_for(seconds: float) -> int:
+    """Return the ``n`` whose :func:`backtrack` takes about ``seconds`` here, now.
+
+    Each step of ``n`` doubles the time; the machine's load changes it too,
+    so callers check how long the match really took.
+    """
+    probe = min(backtrack(_PROBE) for _ in range(2))
+    return _PROBE + max(0, round(math.log2(seconds / probe)))

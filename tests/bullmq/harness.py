@@ -1,0 +1,328 @@
+"""bullmq-py workers on event loops of their own threads, and what the tests observe of them.
+
+Each worker gets its own loop on its own thread and its own connections, as
+separate processes would have; the test's thread drives them, watches the
+lock key with a client of its own, and reads the job's hash as BullMQ wrote it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import redis
+from bullmq import Queue, Worker
+
+from actors.bullmq import ActorLockManager, use_actor_lock_manager
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+T = TypeVar("T")
+
+#: BullMQ's default key prefix, which every worker here uses.
+PREFIX = "bull"
+
+#: Longest wait for one request to a worker's loop, in seconds.
+REQUEST_S = 30.0
+
+
+class LoopThread:
+    """An asyncio event loop running on a thread of its own."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def call(self, make: Callable[[], Awaitable[T]], timeout: float = REQUEST_S) -> T:
+        """Run ``make()`` on the loop and return its result."""
+
+        async def run() -> T:
+            return await make()
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout)
+
+    def close(self) -> None:
+        """Stop the loop, end its thread and close it."""
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(REQUEST_S)
+        self.loop.close()
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event a worker emitted, with the monotonic time it was seen."""
+
+    at: float
+    name: str
+    args: tuple[Any, ...]
+
+
+class Recorder:
+    """Records a worker's events as they are emitted, for any thread to wait on."""
+
+    def __init__(self) -> None:
+        self._events: list[Event] = []
+        self._changed = threading.Condition()
+
+    def listen(self, worker: Any, *names: str) -> None:
+        """Record each of ``names`` that ``worker`` emits."""
+        for name in names:
+            worker.on(name, functools.partial(self._add, name))
+
+    def _add(self, name: str, *args: Any) -> None:
+        with self._changed:
+            self._events.append(Event(time.monotonic(), name, args))
+            self._changed.notify_all()
+
+    def of(self, name: str) -> list[Event]:
+        """The events named ``name`` so far."""
+        with self._changed:
+            return [event for event in self._events if event.name == name]
+
+    def wait(self, name: str, predicate: Callable[[Event], bool], timeout: float) -> Event:
+        """Wait for an event named ``name`` that satisfies ``predicate``; fail after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for event in self._events:
+                    if event.name == name and predicate(event):
+                        return event
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no {name!r} event within {timeout:.1f}s")
+                self._changed.wait(left)
+
+
+#: The events a worker's lock manager emits, and the job outcomes.
+EVENTS = ("lockRenewalFailed", "locksRenewed", "error", "stalled", "completed", "failed")
+
+
+@dataclass
+class RunningWorker:
+    """A bullmq ``Worker`` running on its own loop thread."""
+
+    worker: Any
+    loop: LoopThread
+    task: asyncio.Future[Any]
+    events: Recorder
+    lock_manager: ActorLockManager | None
+
+    def busy(self) -> bool:
+        """Whether the worker is still inside ``processJob`` for some job."""
+
+        async def busy() -> bool:
+            return bool(self.worker.jobs)
+
+        return self.loop.call(busy)
+
+    def close(self) -> None:
+        """Close the worker, wait for its run loop to end, then stop its loop thread."""
+        task = self.task
+
+        async def close() -> None:
+            try:
+                await self.worker.close()
+            finally:
+                # Leave no run() behind on a loop about to close, whatever happened.
+                try:
+                    await asyncio.wait_for(asyncio.shield(task), REQUEST_S)
+                except BaseException:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+                    raise
+
+        try:
+            if not self.loop.loop.is_closed():
+                self.loop.call(close)
+        finally:
+            self.loop.close()
+
+
+@dataclass
+class Bench:
+    """One queue on one server, and the workers and loops a test starts on it."""
+
+    url: str
+    engine: str
+    queue: str = field(default_factory=lambda: f"q{uuid.uuid4().hex[:8]}")
+    client: redis.Redis = field(init=False)
+    _workers: list[RunningWorker] = field(default_factory=list)
+    _control: LoopThread | None = None
+
+    def __post_init__(self) -> None:
+        self.client = redis.Redis.from_url(self.url, socket_timeout=10, decode_responses=True)
+
+    def key(self, *parts: str) -> str:
+        """``bull:{queue}:{parts...}``."""
+        return ":".join((PREFIX, self.queue, *parts))
+
+    def start_worker(
+        self,
+        name: str,
+        processor: Callable[..., Awaitable[Any]] | None,
+        opts: dict[str, Any],
+        *,
+        actor: bool,
+        connection: Any = None,
+    ) -> RunningWorker:
+        """Create a worker on a new loop thread, install our manager if ``actor``, and run it."""
+        loop = LoopThread(f"bullmq-{name}")
+        events = Recorder()
+
+        async def start() -> tuple[Any, asyncio.Future[Any], ActorLockManager | None]:
+            options = {"connection": self.url, "prefix": PREFIX, **opts, "autorun": False}
+            if connection is not None:
+                options["connection"] = connection
+            worker = Worker(self.queue, processor, options)
+            installed = use_actor_lock_manager(worker) if actor else None
+            events.listen(worker, *EVENTS)
+            task = asyncio.ensure_future(worker.run())
+            return worker, task, installed
+
+        try:
+            worker, task, installed = loop.call(start)
+        except BaseException:
+            loop.close()
+            raise
+        running = RunningWorker(worker, loop, task, events, installed)
+        self._workers.append(running)
+        return running
+
+    def control(self) -> LoopThread:
+        """The loop thread that adds jobs and asks the queue."""
+        if self._control is None:
+            self._control = LoopThread("bullmq-control")
+        return self._control
+
+    def add_job(self, data: dict[str, Any] | None = None) -> str:
+        """Add one job with bullmq's ``Queue.add``; return its id."""
+
+        async def add() -> str:
+            queue = Queue(self.queue, {"connection": self.url, "prefix": PREFIX})
+            try:
+                job = await queue.add("work", data or {})
+                return str(job.id)
+            finally:
+                await queue.close()
+
+        return self.control().call(add)
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """The job's hash, as BullMQ wrote it."""
+        return {str(k): str(v) for k, v in self.client.hgetall(self.key(job_id)).items()}
+
+    def close(self) -> None:
+        """Close every worker and loop this bench started, and the client."""
+        errors: list[BaseException] = []
+        for running in reversed(self._workers):
+            try:
+                running.close()
+            except BaseException as error:
+                errors.append(error)
+        if self._control is not None:
+            self._control.close()
+        self.client.close()
+        if errors:
+            raise errors[0]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The lock key as the test's own client saw it."""
+
+    at: float
+    pttl: int
+    value: str | None
+    check: str | None
+
+
+def sample_lock(
+    client: redis.Redis,
+    lock_key: str,
+    check_key: str,
+    until: threading.Event,
+    timeout: float,
+    every: float = 0.005,
+) -> list[Sample]:
+    """Read the lock's PTTL and value (and the stalled check's stamp) until ``until`` is set.
+
+    Raises:
+        AssertionError: ``until`` was not set within ``timeout`` seconds.
+    """
+    samples = []
+    deadline = time.monotonic() + timeout
+    while not until.is_set():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the processor did not finish within {timeout:.1f}s")
+        pipe = client.pipeline(transaction=False)
+        pipe.pttl(lock_key)
+        pipe.get(lock_key)
+        pipe.get(check_key)
+        pttl, value, check = pipe.execute()
+        samples.append(Sample(time.monotonic(), int(pttl), value, check))
+        time.sleep(every)
+    return samples
+
+
+def longest_gap_ms(samples: list[Sample], token: str) -> float:
+    """The longest stretch, in ms, over which the lock did not hold ``token``."""
+    longest = 0.0
+    since: float | None = None
+    for sample in samples:
+        held = sample.value == token and sample.pttl > 0
+        if not held and since is None:
+            since = sample.at
+        elif held and since is not None:
+            longest = max(longest, (sample.at - since) * 1000)
+            since = None
+    if since is not None:
+        longest = max(longest, (samples[-1].at - since) * 1000)
+    return longest
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    """Poll ``predicate`` until it is truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}")
+        time.sleep(0.01)
+
+
+def spin(seconds: float) -> None:
+    """Burn CPU in pure Python for ``seconds``: the GIL is released every switch interval."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+#: The ways a processor blocks its loop, by name.
+BLOCKERS: dict[str, Callable[[float], None]] = {"sleep": time.sleep, "cpu": spin}
+
+
+class Outcomes:
+    """Rows of the summary tables the tier prints at the end of the run."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, list[dict[str, object]]] = {}
+
+    def add(self, table: str, **row: object) -> None:
+        """Add a row to ``table``."""
+        self.tables.setdefault(table, []).append(row)
+
+
+#: Filled by the tests, printed by ``conftest.pytest_terminal_summary``.
+OUTCOMES = Outcomes()
