@@ -53,7 +53,7 @@ from actors.scripts import DEFAULT_MAX_BATCH, extend_locks
 from actors.stats import Stats
 from actors.timer import ManualTimer, ThreadTimer, Timer
 
-__all__ = [
+__all__ = [  # noqa: RUF022 (grouped by purpose, as pykka does)
     # The manager and its helpers
     "LockManager",
     "ManagerRef",

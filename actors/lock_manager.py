@@ -180,17 +180,17 @@ class LockManager(pykka.ThreadingActor):
 
     def on_stop(self) -> None:
         """Tell every job that asked to be told, and release the timer and the client."""
-        for job_id in list(self._jobs.watches):
-            self._forget(job_id, MANAGER_STOPPED)
         self._shutdown()
         logger.debug("LockManager for queue %r stopped", self.queue_name)
 
     def on_failure(self, *_exc_info: object) -> None:
-        """Release the timer and the client if the actor dies."""
+        """Likewise if the actor dies: nobody renews those locks now."""
         self._shutdown()
 
     def _shutdown(self) -> None:
         try:
+            for job_id in list(self._jobs.watches):
+                self._forget(job_id, MANAGER_STOPPED)
             if self._timer is not None:
                 self._timer.close()
                 self._timer = None

@@ -14,21 +14,19 @@ are started again on their old port and folder, and rejoin as replicas.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from actors.connection import hash_slot
 from actors.embedded import EmbeddedServer, free_port
-from actors.keys import hash_slot
+from tests.support import wait_for
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 #: How long a node may be unreachable before the others call it failed, in
 #: milliseconds. Short so that a failover takes seconds, long enough that a
@@ -38,26 +36,12 @@ NODE_TIMEOUT_MS = 2000
 #: Longest wait for the cluster to settle after a change, in seconds.
 SETTLE_TIMEOUT = 60.0
 
+#: What a node may answer while the cluster settles (refusals, redirections,
+#: a restarting node): "not yet", for :func:`~tests.support.wait_for`.
+SETTLING = (redis.RedisError,)
+
 _SLOTS = 16384
 _MASTERS = 3
-
-
-def wait_for(probe: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll ``probe`` until it returns a truthy value; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while True:
-        try:
-            value = probe()
-        except redis.RedisError as exc:
-            value, last_error = None, exc
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout:.0f} s waiting for {what}: {last_error}"
-            )
-        time.sleep(interval)
 
 
 class LocalCluster:
@@ -159,6 +143,7 @@ class LocalCluster:
                 lambda r=replica, m=master_id: m in self._known_ids(r),  # type: ignore[misc]
                 SETTLE_TIMEOUT,
                 "the replica to learn of its master",
+                ignore=SETTLING,
             )
             self.command(replica, "CLUSTER", "REPLICATE", master_id)
         self.wait_healthy()
@@ -251,7 +236,7 @@ class LocalCluster:
 
     def wait_healthy(self, timeout: float = SETTLE_TIMEOUT) -> None:
         """Wait until every node agrees the cluster is whole and replicated."""
-        wait_for(self._healthy, timeout, "a healthy cluster", interval=0.1)
+        wait_for(self._healthy, timeout, "a healthy cluster", interval=0.1, ignore=SETTLING)
 
     def heal(self) -> None:
         """Start any stopped node again and wait for a whole, replicated cluster."""
@@ -286,12 +271,14 @@ class LocalCluster:
                     lambda o=other: new_id in self._known_ids(o),  # type: ignore[misc]
                     SETTLE_TIMEOUT,
                     "every node to learn of the new master",
+                    ignore=SETTLING,
                 )
         # Until it has heard who serves every slot it answers CLUSTERDOWN.
         wait_for(
             lambda: "cluster_state:ok" in str(self.command(node, "CLUSTER", "INFO")),
             SETTLE_TIMEOUT,
             "the new master to see a whole cluster",
+            ignore=SETTLING,
         )
         return node
 

@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from actors import QueueKeys, start_link, stop
-from actors.cluster import CLUSTER_RETRIES, cluster_client, cluster_timeout
+from actors.connection import RETRIES, cluster_client, command_timeout
 
 if TYPE_CHECKING:
     from tests.cluster.conftest import LocalCluster
@@ -18,11 +18,25 @@ pytestmark = pytest.mark.cluster
 
 
 @pytest.mark.parametrize(
-    ("interval_ms", "seconds"),
-    [(10, 0.05), (500, 0.05), (1000, 0.1), (7500, 0.75), (60_000, 2.0)],
+    ("interval_ms", "cluster", "seconds"),
+    [
+        (10, True, 0.05),
+        (500, True, 0.05),
+        (1000, True, 0.1),
+        (7500, True, 0.75),
+        (60_000, True, 5.0),
+        (100, False, 0.05),
+        (1000, False, 0.25),
+        (7500, False, 1.875),
+        (60_000, False, 5.0),
+    ],
 )
-def test_timeout_is_a_tenth_of_the_interval_within_bounds(interval_ms: int, seconds: float) -> None:
-    assert cluster_timeout(interval_ms) == pytest.approx(seconds)
+def test_one_timeout_rule_a_tenth_of_the_interval_on_a_cluster_a_quarter_on_one_server(
+    interval_ms: int, cluster: bool, seconds: float
+) -> None:
+    # Two attempts fill at most half an interval (a fifth on a cluster, which
+    # may also refresh its topology), never under 50 ms nor over 5 s.
+    assert command_timeout(interval_ms, cluster=cluster) == pytest.approx(seconds)
 
 
 def test_cluster_client_sets_timeouts_and_one_retry(cluster: LocalCluster) -> None:
@@ -33,7 +47,7 @@ def test_cluster_client_sets_timeouts_and_one_retry(cluster: LocalCluster) -> No
         node_options = conn.nodes_manager.connection_kwargs
         assert node_options["socket_timeout"] == pytest.approx(0.1)
         assert node_options["socket_connect_timeout"] == pytest.approx(0.1)
-        assert conn.retry.get_retries() == CLUSTER_RETRIES == 1
+        assert conn.retry.get_retries() == RETRIES == 1
         assert len(conn.nodes_manager.get_nodes_by_server_type("primary")) == 3
     finally:
         conn.close()
@@ -46,10 +60,11 @@ def test_an_unbounded_cluster_client_is_warned_about(
     conn = redis.RedisCluster.from_url(cluster.startup_url())
     try:
         # when a manager starts on it
-        with caplog.at_level(logging.WARNING, logger="actors.lock_manager"):
+        with caplog.at_level(logging.WARNING, logger="actors"):
             stop(start_link(connection=conn, keys=QueueKeys("{q}"), lock_duration=2000))
         # then the log says a hung node could hold a tick, and how to bound it
-        assert "no socket_timeout" in caplog.text
+        assert "the client has no socket_timeout" in caplog.text
+        assert "actors.connection.cluster_client(url, interval_ms=500)" in caplog.text
     finally:
         conn.close()
 
@@ -59,7 +74,7 @@ def test_a_bounded_cluster_client_starts_quietly(
 ) -> None:
     conn = cluster_client(cluster.startup_url(), interval_ms=500)
     try:
-        with caplog.at_level(logging.WARNING, logger="actors.lock_manager"):
+        with caplog.at_level(logging.WARNING, logger="actors"):
             stop(start_link(connection=conn, keys=QueueKeys("{q}"), lock_duration=2000))
         assert "socket_timeout" not in caplog.text
     finally:

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import TYPE_CHECKING
 
 import pytest
 import redis
 
 from actors import LockManager, QueueKeys, start_link, stop, track_job
-from actors.keys import hash_slot
+from actors.connection import hash_slot
 from actors.scripts import script_sha
-from tests.cluster.conftest import wait_for
+from tests.support import Recorder, take_locks
 
 if TYPE_CHECKING:
     from tests.cluster.conftest import LocalCluster
@@ -50,9 +49,8 @@ def test_hash_tagged_queue_renews_on_the_cluster(
     cluster_client: redis.RedisCluster, keys: QueueKeys
 ) -> None:
     # given a held lock of a queue whose keys share one slot
-    token = str(uuid.uuid4())
-    cluster_client.set(keys.lock("1"), token, px=2000)
-    renewed: list[list[str]] = []
+    token = take_locks(cluster_client, keys, ["1"], 2000)["1"]
+    log = Recorder()
 
     # when a manager renews it
     manager = start_link(
@@ -60,14 +58,14 @@ def test_hash_tagged_queue_renews_on_the_cluster(
         keys=keys,
         lock_duration=2000,
         lock_renew_time=200,
-        on_locks_renewed=renewed.append,
+        **log.callbacks(),
     )
     track_job(manager, "1", token)
-    wait_for(lambda: renewed, 10, "a renewal")
+    log.wait_renewed(["1"], 10)
     stop(manager)
 
     # then the lock was renewed where it lives
-    assert renewed[0] == ["1"]
+    assert (log.lost(), log.errors()) == ([], [])
     assert cluster_client.get(keys.lock("1")) == token.encode()
     assert cluster_client.pttl(keys.lock("1")) > 1500
 

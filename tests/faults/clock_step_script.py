@@ -79,14 +79,18 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
-import uuid  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
 import redis  # noqa: E402
 
-from actors import QueueKeys, get_stats, start_link, stop, track_job  # noqa: E402
+# Run as a script, only this folder is on the path: add the project's root
+# for ``tests.support``.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from actors import QueueKeys, Timing, get_stats, start_link, stop, track_job  # noqa: E402
 from actors.embedded import EmbeddedServer  # noqa: E402
-from actors.schedule import Timing  # noqa: E402
+from tests.support import alive, job_ids, take_locks  # noqa: E402
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -126,11 +130,7 @@ class RenewalGaps:
 def run(url: str, jobs: int, lock_ms: int, seconds: float) -> dict[str, object]:
     """Track ``jobs`` real locks for ``seconds`` while the wall clock steps; return figures."""
     direct = redis.Redis.from_url(url, socket_timeout=10)
-    tokens = {f"job-{i}": str(uuid.uuid4()) for i in range(jobs)}
-    pipe = direct.pipeline(transaction=False)
-    for job_id, token in tokens.items():
-        pipe.set(KEYS.lock(job_id), token, px=lock_ms)
-    pipe.execute()
+    tokens = take_locks(direct, KEYS, job_ids(jobs), lock_ms)
 
     gaps = RenewalGaps()
     failed: list[str] = []
@@ -155,22 +155,14 @@ def run(url: str, jobs: int, lock_ms: int, seconds: float) -> dict[str, object]:
         wall_seen.append(round(_time.time() - before))
     _time.sleep(max(0.0, started + seconds - _time.monotonic()))
 
-    pipe = direct.pipeline(transaction=False)
-    for job_id in tokens:
-        pipe.get(KEYS.lock(job_id))
-    values = pipe.execute()
-    alive = sum(
-        1
-        for token, value in zip(tokens.values(), values, strict=True)
-        if value is not None and value.decode() == token
-    )
+    held = len(alive(direct, KEYS, tokens))
     stats = get_stats(manager, timeout=10)
     worst = gaps.pending_ms()
     stop(manager)
     direct.close()
     return {
         "jobs": jobs,
-        "alive": alive,
+        "alive": held,
         "lost": stats.lost + len(failed),
         "errors": stats.errors,
         "ticks": stats.ticks,

@@ -9,121 +9,70 @@ them into the README's table.
 
 from __future__ import annotations
 
-import threading
 import time
-import uuid
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
 
-from actors import QueueKeys
+from actors import ManagerRef, QueueKeys, Timing, start_link, track_job
 from actors.embedded import EmbeddedServer
-from tests.conftest import default_engine
 from tests.faults.proxy import FaultProxy
+from tests.support import Recorder, default_engine, job_ids, take_locks
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Iterable, Iterator
 
 KEYS = QueueKeys("faults")
 
-
-def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> None:
-    """Poll ``predicate`` until it is true; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.1f} s waiting for {what}")
-        time.sleep(0.01)
+#: Jobs each scenario that starts with :func:`start_tracking` holds.
+JOBS = 20
 
 
-def seed_locks(
-    client: redis.Redis, count: int, ttl_ms: int, *, prefix: str = "job", keys: QueueKeys = KEYS
-) -> dict[str, str]:
-    """Take ``count`` locks as a worker would (SET PX); return id -> token."""
-    jobs = {f"{prefix}-{i}": str(uuid.uuid4()) for i in range(count)}
-    pipe = client.pipeline(transaction=False)
+def first_round_s(lock_ms: int) -> float:
+    """Seconds within which every tracked job is renewed at least once, with a margin.
+
+    A job tracked just after a tick is first due two intervals later.
+    """
+    return 3 * Timing(lock_ms).interval / 1000 + 5
+
+
+def start_tracking(
+    connection: redis.Redis | str, direct: redis.Redis, reports: Recorder, lock_ms: int
+) -> tuple[ManagerRef, dict[str, str]]:
+    """Take :data:`JOBS` locks, track them over ``connection`` and wait for their first renewal.
+
+    Args:
+        connection: What the manager renews through: a URL (it then builds
+            its own bounded client) or a client.
+        direct: A client of the server that bypasses any proxy.
+        reports: The recorder whose callbacks the manager gets.
+        lock_ms: The locks' TTL and the manager's ``lock_duration``.
+
+    Returns:
+        The manager and each job's token.
+    """
+    jobs = take_locks(direct, KEYS, job_ids(JOBS), lock_ms)
+    manager = start_link(
+        connection=connection, keys=KEYS, lock_duration=lock_ms, **reports.callbacks()
+    )
     for job_id, token in jobs.items():
-        pipe.set(keys.lock(job_id), token, px=ttl_ms)
-    pipe.execute()
-    return jobs
+        track_job(manager, job_id, token)
+    reports.wait_renewed(jobs, first_round_s(lock_ms))
+    return manager, jobs
 
 
-def dead_locks(client: redis.Redis, jobs: dict[str, str], keys: QueueKeys = KEYS) -> list[str]:
-    """Return the ids whose lock is gone or no longer holds the job's token."""
-    pipe = client.pipeline(transaction=False)
-    for job_id in jobs:
-        pipe.get(keys.lock(job_id))
-    values = pipe.execute()
-    return [
-        job_id
-        for (job_id, token), value in zip(jobs.items(), values, strict=True)
-        if value is None or value.decode() != token
-    ]
-
-
-def min_pttl(client: redis.Redis, jobs: dict[str, str], keys: QueueKeys = KEYS) -> int:
-    """Return the smallest remaining TTL among the jobs' locks, in ms (-2: one is gone)."""
-    pipe = client.pipeline(transaction=False)
-    for job_id in jobs:
-        pipe.pttl(keys.lock(job_id))
-    ttls: list[int] = pipe.execute()
-    return min(ttls)
-
-
-class Reports:
-    """The manager's callbacks, logged with the monotonic time they ran at."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self.renewed: list[tuple[float, list[str]]] = []
-        self.failed: list[tuple[float, list[str]]] = []
-        self.errors: list[tuple[float, Exception]] = []
-
-    def on_locks_renewed(self, ids: list[str]) -> None:
-        with self._cond:
-            self.renewed.append((time.monotonic(), list(ids)))
-            self._cond.notify_all()
-
-    def on_lock_renewal_failed(self, ids: list[str]) -> None:
-        with self._cond:
-            self.failed.append((time.monotonic(), list(ids)))
-            self._cond.notify_all()
-
-    def on_error(self, exc: Exception) -> None:
-        with self._cond:
-            self.errors.append((time.monotonic(), exc))
-            self._cond.notify_all()
-
-    def callbacks(self) -> dict[str, Any]:
-        """Keyword arguments for ``start_link``."""
-        return {
-            "on_locks_renewed": self.on_locks_renewed,
-            "on_lock_renewal_failed": self.on_lock_renewal_failed,
-            "on_error": self.on_error,
-        }
-
-    def wait(self, predicate: Callable[[], object], timeout: float, what: str) -> None:
-        """Wait until ``predicate`` (called under the log's lock) is true."""
-        with self._cond:
-            if not self._cond.wait_for(predicate, timeout):
-                pytest.fail(f"timed out after {timeout:.1f} s waiting for {what}")
-
-    def renewed_since(self, since: float) -> set[str]:
-        """Ids renewed by callbacks that ran after ``since``."""
-        with self._cond:
-            return {i for at, ids in self.renewed if at > since for i in ids}
-
-    def errors_since(self, since: float) -> list[Exception]:
-        with self._cond:
-            return [exc for at, exc in self.errors if at > since]
-
-    def failed_counts(self) -> Counter[str]:
-        """How many times each id was reported lost."""
-        with self._cond:
-            return Counter(i for _, ids in self.failed for i in ids)
+def track_fresh(
+    manager: ManagerRef, direct: redis.Redis, reports: Recorder, lock_ms: int, count: int
+) -> dict[str, str]:
+    """Take ``count`` new locks, track them and wait until each was renewed; return the tokens."""
+    fresh = take_locks(direct, KEYS, job_ids(count, "fresh"), lock_ms)
+    since = time.monotonic()
+    for job_id, token in fresh.items():
+        track_job(manager, job_id, token)
+    reports.wait_renewed(fresh, first_round_s(lock_ms), since=since)
+    return fresh
 
 
 @dataclass
@@ -139,6 +88,16 @@ class FaultRecord:
     #: Manager restarts a supervisor made.
     restarts: int = 0
     notes: dict[str, Any] = field(default_factory=dict)
+
+    def count_reports(self, reports: Recorder, lost: Iterable[str] = ()) -> None:
+        """Set :attr:`false_reports`: repeated reports, and reports of locks that were not lost.
+
+        Args:
+            reports: What the manager reported.
+            lost: The ids whose lock really was lost.
+        """
+        explained = set(lost) & set(reports.lost_counts())
+        self.false_reports = len(reports.lost()) - len(explained)
 
 
 @pytest.fixture
@@ -187,5 +146,6 @@ def direct(private_server: EmbeddedServer) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def reports() -> Reports:
-    return Reports()
+def reports() -> Recorder:
+    """The manager's callbacks, recorded with the time each ran."""
+    return Recorder()

@@ -1,125 +1,99 @@
-"""A supervisor restarts a stopped or failed manager and keeps every live job's lock.
+"""A stopped manager tells every watched job, and a replacement keeps every lock alive.
 
-The supervisor is the one in ``examples/manager_restart.py``.
+The watching job actors are stood in for by one recording actor; the test
+itself plays the supervisor that starts the replacement, tracking every lock
+again stamped with when it was taken (``examples/manager_restart.py`` shows
+the same done by a keeper actor, and its own test runs it).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pykka
-import pytest
-import redis
 
-from actors import LockManager, get_active_job_count, get_tracked_job_ids, stop
-from actors.schedule import Timing
-from examples.manager_restart import LockSupervisor, WatchedLockManager
-from tests.faults.conftest import KEYS, dead_locks, min_pttl, seed_locks, wait_until
+from actors import (
+    ExtendLocks,
+    LockLost,
+    LockManager,
+    QueueKeys,
+    get_tracked_job_ids,
+    start_link,
+    stop,
+    track_job,
+)
+from tests.support import job_ids, take_locks, wait_for, watch_locks
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    import redis
 
     from tests.conftest import Server
     from tests.faults.conftest import FaultRecord
 
+KEYS = QueueKeys("restartable")
 LOCK_MS = 1500
-TIMING = Timing(LOCK_MS)
 JOBS = 20
+#: Generous bound on one call, in seconds.
+ASK_S = 5.0
 
 
-@dataclass(frozen=True, slots=True)
-class Crash:
-    """Makes a CrashingLockManager fail as a bug in the actor would."""
+class Watcher(pykka.ThreadingActor):
+    """Records every ``LockLost`` it is told."""
+
+    use_daemon_thread = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost: list[LockLost] = []
+
+    def on_receive(self, message: Any) -> None:
+        if isinstance(message, LockLost):
+            self.lost.append(message)
 
 
-class CrashingLockManager(WatchedLockManager):
-    def on_receive(self, message: Any) -> Any:
-        if isinstance(message, Crash):
-            raise RuntimeError("lock manager crashed")
-        return super().on_receive(message)
-
-
-@pytest.fixture
-def client(server: Server, redis_client: redis.Redis) -> Iterator[redis.Redis]:
-    conn = redis.Redis.from_url(server.url, socket_timeout=0.25, socket_connect_timeout=0.25)
-    yield conn
-    conn.close()
-
-
-def kill_by_stop(manager: pykka.ActorRef[LockManager]) -> None:
-    stop(manager)
-
-
-def kill_by_crash(manager: pykka.ActorRef[LockManager]) -> None:
-    manager.tell(Crash())
-
-
-@pytest.mark.parametrize("how", ["stopped", "crashed"])
-def test_supervisor_restarts_the_manager_and_no_live_job_loses_its_lock(
-    how: str, client: redis.Redis, redis_client: redis.Redis, record: FaultRecord
-) -> None:
-    # Given a supervisor running 20 job actors whose locks a manager renews
-    supervisor = LockSupervisor.start(
-        connection=client, keys=KEYS, lock_duration=LOCK_MS, manager_class=CrashingLockManager
-    )
-    boss = supervisor.proxy()
-    try:
-        jobs = seed_locks(redis_client, JOBS, LOCK_MS)
-        for job_id, token in jobs.items():
-            boss.start_job(job_id, token).get(timeout=5)
-        first = boss.manager().get(timeout=5)
-        assert first is not None
-        wait_until(lambda: get_active_job_count(first, timeout=5) == JOBS, 5, "tracking")
-        record.fault = f"lock manager {how} while jobs live (supervised)"
-        record.asserted = "restarted once, every live job tracked again, all locks alive 3x TTL"
-
-        # When the manager ends: stopped by someone, or failing on a bug
-        {"stopped": kill_by_stop, "crashed": kill_by_crash}[how](first)
-
-        # Then the supervisor starts a new manager that tracks every live job
-        wait_until(lambda: boss.restarts().get(timeout=5) == 1, 5, "the restart")
-        second = boss.manager().get(timeout=5)
-        assert second is not None
-        assert second.actor_urn != first.actor_urn
-        assert not first.is_alive()
-        assert sorted(get_tracked_job_ids(second, timeout=5)) == sorted(jobs)
-
-        # And for three lock lifetimes every lock stays alive
-        lowest = LOCK_MS
-        watched = time.monotonic()
-        while time.monotonic() - watched < 3 * LOCK_MS / 1000:
-            lowest = min(lowest, min_pttl(redis_client, jobs))
-            time.sleep(0.05)
-        record.locks_lost = len(dead_locks(redis_client, jobs))
-        record.restarts = boss.restarts().get(timeout=5)
-        record.notes = {"lowest_ttl_ms": lowest}
-        assert lowest > 0
-        assert record.locks_lost == 0
-        assert record.restarts == 1
-    finally:
-        supervisor.stop()
-
-
-def test_supervisor_stopping_stops_its_manager_without_a_restart(
-    client: redis.Redis, redis_client: redis.Redis
-) -> None:
-    # Given a supervisor with one job
-    supervisor = LockSupervisor.start(connection=client, keys=KEYS, lock_duration=LOCK_MS)
-    jobs = seed_locks(redis_client, 1, LOCK_MS)
-    for job_id, token in jobs.items():
-        supervisor.proxy().start_job(job_id, token).get(timeout=5)
-    manager = supervisor.proxy().manager().get(timeout=5)
-    assert manager is not None
-
-    # When the supervisor itself stops
-    supervisor.stop()
-
-    # Then its manager is gone and no new one was started
-    assert not manager.is_alive()
-    assert not [
+def live_managers() -> list[pykka.ActorRef[LockManager]]:
+    return [
         ref
         for ref in pykka.ActorRegistry.get_all()
         if issubclass(ref.actor_class, LockManager) and ref.is_alive()
     ]
+
+
+def test_a_stopped_manager_is_replaced_and_no_held_lock_lapses(
+    server: Server, redis_client: redis.Redis, record: FaultRecord
+) -> None:
+    # Given 20 locks, taken now, tracked by a manager on behalf of a watcher
+    watcher = Watcher.start()
+    taken_at = time.monotonic_ns() // 1_000_000
+    jobs = take_locks(redis_client, KEYS, job_ids(JOBS), LOCK_MS)
+    first = start_link(connection=server.url, keys=KEYS, lock_duration=LOCK_MS)
+    for job_id, token in jobs.items():
+        track_job(first, job_id, token, ts=taken_at, notify=watcher)
+    wait_for(lambda: len(get_tracked_job_ids(first, timeout=ASK_S)) == JOBS, ASK_S, "tracking")
+    record.fault = "lock manager stopped while jobs live (replaced by their supervisor)"
+    record.asserted = "every watcher told manager_stopped once, all locks alive 3x TTL"
+
+    # When the manager is stopped (by an operator, or a stray stop)
+    stop(first)
+
+    # Then every watched job is told, once, why nobody renews it now
+    lost: list[LockLost] = watcher.proxy().lost.get(timeout=ASK_S)
+    assert sorted((item.job_id, item.token, item.reason) for item in lost) == sorted(
+        (job_id, token, "manager_stopped") for job_id, token in jobs.items()
+    )
+
+    # And a replacement tracking them again, stamped when each lock was
+    # taken and renewing the due ones at once, keeps every lock alive
+    second = start_link(connection=server.url, keys=KEYS, lock_duration=LOCK_MS)
+    for job_id, token in jobs.items():
+        track_job(second, job_id, token, ts=taken_at, notify=watcher)
+    second.tell(ExtendLocks())
+    seen = watch_locks(redis_client, KEYS, jobs, 3 * LOCK_MS / 1000)
+    record.locks_lost = len(seen.missing)
+    record.restarts = 1
+    record.notes = {"lowest_ttl_ms": seen.lowest_pttl}
+    assert seen.lowest_pttl is not None and seen.lowest_pttl > 0
+    assert record.locks_lost == 0
+    assert live_managers() == [second]
+    assert len(watcher.proxy().lost.get(timeout=ASK_S)) == JOBS

@@ -13,57 +13,36 @@ from typing import TYPE_CHECKING
 import pytest
 import redis
 
-from actors import get_active_job_count, get_stats, start_link, track_job
+from actors import Timing, get_active_job_count, get_stats
+from actors.connection import client_for_url, socket_timeout
 from actors.embedded import EmbeddedServer
-from actors.lock_manager import client_for_url
-from actors.schedule import Timing
-from tests.faults.conftest import KEYS, dead_locks, min_pttl, seed_locks
+from tests.faults.conftest import JOBS, KEYS, first_round_s, start_tracking, track_fresh
+from tests.support import lost_locks, lowest_pttl
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    import pykka
-
-    from actors import LockManager
-    from tests.faults.conftest import FaultRecord, Reports
-
-JOBS = 20
+    from tests.faults.conftest import FaultRecord
+    from tests.support import Recorder
 
 
-def start_tracking(
-    server: EmbeddedServer, direct: redis.Redis, reports: Reports, lock_ms: int
-) -> tuple[pykka.ActorRef[LockManager], dict[str, str]]:
-    """Seed JOBS locks, track them by URL and wait for their first renewal."""
-    jobs = seed_locks(direct, JOBS, lock_ms)
-    manager = start_link(
-        connection=server.url, keys=KEYS, lock_duration=lock_ms, **reports.callbacks()
-    )
-    for job_id, token in jobs.items():
-        track_job(manager, job_id, token)
-    reports.wait(
-        lambda: reports.renewed_since(0) >= set(jobs),
-        timeout=3 * Timing(lock_ms).interval / 1000 + 5,
-        what="the first renewal of every job",
-    )
-    return manager, jobs
-
-
-def socket_timeout(url: str, lock_ms: int) -> float:
-    """The socket timeout of the client a manager builds for ``url``."""
-    client = client_for_url(url, Timing(lock_ms).interval)
-    timeout = client.connection_pool.connection_kwargs["socket_timeout"]
+def built_timeout(url: str, lock_ms: int) -> float:
+    """The socket timeout of the client a manager builds for ``url``, in seconds."""
+    client = client_for_url(url, interval_ms=Timing(lock_ms).interval)
+    timeout = socket_timeout(client)
     client.close()
-    return float(timeout)
+    assert timeout is not None
+    return timeout
 
 
 def test_hung_server_never_hangs_queries_to_the_manager(
-    private_server: EmbeddedServer, direct: redis.Redis, reports: Reports, record: FaultRecord
+    private_server: EmbeddedServer, direct: redis.Redis, reports: Recorder, record: FaultRecord
 ) -> None:
     # Given 20 locks of 4 s renewed by a manager (1 s ticks, 250 ms socket timeout)
     lock_ms = 4000
     timing = Timing(lock_ms)
-    manager, jobs = start_tracking(private_server, direct, reports, lock_ms)
-    timeout = socket_timeout(private_server.url, lock_ms)
+    manager, jobs = start_tracking(private_server.url, direct, reports, lock_ms)
+    timeout = built_timeout(private_server.url, lock_ms)
     record.fault = "server hangs (SIGSTOP), then resumes"
     record.asserted = "asks answered within 2 socket timeouts + 0.5 s; no lock lost"
 
@@ -73,8 +52,8 @@ def test_hung_server_never_hangs_queries_to_the_manager(
     slowest = 0.0
     answers = set()
     try:
-        while time.monotonic() - paused < 2 * timing.interval / 1000 or not reports.errors_since(
-            paused
+        while time.monotonic() - paused < 2 * timing.interval / 1000 or not reports.errors(
+            since=paused
         ):
             assert time.monotonic() - paused < lock_ms / 1000 - 0.5, "no tick failed in time"
             asked = time.monotonic()
@@ -92,24 +71,20 @@ def test_hung_server_never_hangs_queries_to_the_manager(
     assert slowest <= 2 * timeout + 0.5
 
     # And the locks are renewed after the server resumes, none lost
-    reports.wait(
-        lambda: reports.renewed_since(resumed) >= set(jobs),
-        timeout=2 * timing.interval / 1000 + 3,
-        what="renewal after the server resumed",
-    )
-    record.locks_lost = len(dead_locks(direct, jobs))
-    record.false_reports = sum(reports.failed_counts().values())
+    reports.wait_renewed(jobs, 2 * timing.interval / 1000 + 3, since=resumed)
+    record.locks_lost = len(lost_locks(direct, KEYS, jobs))
+    record.count_reports(reports)
     assert record.locks_lost == 0
     assert record.false_reports == 0
 
 
 def test_server_restarted_empty_reports_every_job_once_then_renews_new_ones(
-    private_server: EmbeddedServer, direct: redis.Redis, reports: Reports, record: FaultRecord
+    private_server: EmbeddedServer, direct: redis.Redis, reports: Recorder, record: FaultRecord
 ) -> None:
     # Given 20 tracked jobs on a server without persistence
     lock_ms = 2000
     timing = Timing(lock_ms)
-    manager, jobs = start_tracking(private_server, direct, reports, lock_ms)
+    manager, jobs = start_tracking(private_server.url, direct, reports, lock_ms)
     record.fault = "server killed, restarted empty"
     record.asserted = "every job reported lost exactly once; new jobs renewed after"
 
@@ -117,7 +92,7 @@ def test_server_restarted_empty_reports_every_job_once_then_renews_new_ones(
     killed = time.monotonic()
     private_server.kill()
     reports.wait(
-        lambda: reports.errors_since(killed),
+        lambda: reports.errors(since=killed),
         timeout=2 * timing.interval / 1000 + 3,
         what="on_error while the server is down",
     )
@@ -125,38 +100,28 @@ def test_server_restarted_empty_reports_every_job_once_then_renews_new_ones(
 
     # Then each job is reported lost once and untracked
     reports.wait(
-        lambda: sum(reports.failed_counts().values()) >= JOBS,
-        timeout=3 * timing.interval / 1000 + 5,
+        lambda: len(reports.lost()) >= JOBS,
+        timeout=first_round_s(lock_ms),
         what="the lost jobs to be reported",
     )
     assert get_active_job_count(manager, timeout=5) == 0
 
     # And jobs taken after the restart are renewed (the script is loaded again)
-    fresh = seed_locks(direct, 5, lock_ms, prefix="fresh")
-    since = time.monotonic()
-    for job_id, token in fresh.items():
-        track_job(manager, job_id, token)
-    reports.wait(
-        lambda: reports.renewed_since(since) >= set(fresh),
-        timeout=3 * timing.interval / 1000 + 5,
-        what="renewal of jobs tracked after the restart",
-    )
-    counts = reports.failed_counts()
-    record.false_reports = sum(n - 1 for n in counts.values()) + len(set(counts) - set(jobs))
-    record.locks_lost = len(dead_locks(direct, fresh))
-    assert counts == dict.fromkeys(jobs, 1)
+    fresh = track_fresh(manager, direct, reports, lock_ms, 5)
+    record.count_reports(reports, lost=jobs)
+    record.locks_lost = len(lost_locks(direct, KEYS, fresh))
+    assert reports.lost_counts() == dict.fromkeys(jobs, 1)
     assert record.locks_lost == 0
     assert get_stats(manager, timeout=5).tracked == len(fresh)
 
 
 def test_server_restarted_from_its_append_only_file_inside_the_ttl_loses_no_job(
-    aof_server: EmbeddedServer, reports: Reports, record: FaultRecord
+    aof_server: EmbeddedServer, reports: Recorder, record: FaultRecord
 ) -> None:
     # Given 20 locks of 4 s on a server with an append-only file
     lock_ms = 4000
-    timing = Timing(lock_ms)
     direct = redis.Redis.from_url(aof_server.url, socket_timeout=10)
-    manager, jobs = start_tracking(aof_server, direct, reports, lock_ms)
+    manager, jobs = start_tracking(aof_server.url, direct, reports, lock_ms)
     record.fault = "server killed, restarted from its AOF"
     record.asserted = "no job lost or reported; renewals go on"
 
@@ -167,13 +132,9 @@ def test_server_restarted_from_its_append_only_file_inside_the_ttl_loses_no_job(
     # Then every job is renewed twice more and none is reported lost
     for _ in range(2):
         since = time.monotonic()
-        reports.wait(
-            lambda since=since: reports.renewed_since(since) >= set(jobs),  # type: ignore[misc]
-            timeout=3 * timing.interval / 1000 + 5,
-            what="renewal after the restart",
-        )
-    record.locks_lost = len(dead_locks(direct, jobs))
-    record.false_reports = sum(reports.failed_counts().values())
+        reports.wait_renewed(jobs, first_round_s(lock_ms), since=since)
+    record.locks_lost = len(lost_locks(direct, KEYS, jobs))
+    record.count_reports(reports)
     record.notes = {"renewing_after_s": round(time.monotonic() - restarted, 2)}
     assert record.locks_lost == 0
     assert record.false_reports == 0
@@ -191,7 +152,7 @@ def busy_server(request: pytest.FixtureRequest) -> Iterator[EmbeddedServer]:
 
 
 def test_busy_script_of_another_client_is_retried_and_loses_no_job(
-    busy_server: EmbeddedServer, reports: Reports, record: FaultRecord
+    busy_server: EmbeddedServer, reports: Recorder, record: FaultRecord
 ) -> None:
     # Given 20 locks of 4 s, and a server that answers BUSY after 100 ms of script
     lock_ms = 4000
@@ -199,7 +160,7 @@ def test_busy_script_of_another_client_is_retried_and_loses_no_job(
     direct = redis.Redis.from_url(busy_server.url, socket_timeout=10)
     # lua-time-limit is the name both engines accept (Valkey 8 aliases it).
     direct.config_set("lua-time-limit", 100)
-    manager, jobs = start_tracking(busy_server, direct, reports, lock_ms)
+    manager, jobs = start_tracking(busy_server.url, direct, reports, lock_ms)
     record.fault = f"BUSY: another client's slow script ({busy_server.engine})"
     record.asserted = "BUSY reported via on_error, retried, no job lost"
 
@@ -218,7 +179,7 @@ def test_busy_script_of_another_client_is_retried_and_loses_no_job(
     thread.start()
     try:
         reports.wait(
-            lambda: any("BUSY" in str(exc) for exc in reports.errors_since(busy_since)),
+            lambda: any("BUSY" in str(exc) for exc in reports.errors(since=busy_since)),
             timeout=2 * timing.interval / 1000 + 3,
             what="a tick to meet BUSY",
         )
@@ -232,16 +193,12 @@ def test_busy_script_of_another_client_is_retried_and_loses_no_job(
                 time.sleep(0.05)
             thread.join(timeout=0.5)
     killed = time.monotonic()
-    lowest_ttl = min_pttl(direct, jobs)
+    lowest_ttl = lowest_pttl(direct, KEYS, jobs)
 
     # Then the next ticks renew every job, none is reported lost
-    reports.wait(
-        lambda: reports.renewed_since(killed) >= set(jobs),
-        timeout=2 * timing.interval / 1000 + 3,
-        what="renewal after the script was killed",
-    )
-    record.locks_lost = len(dead_locks(direct, jobs))
-    record.false_reports = sum(reports.failed_counts().values())
+    reports.wait_renewed(jobs, 2 * timing.interval / 1000 + 3, since=killed)
+    record.locks_lost = len(lost_locks(direct, KEYS, jobs))
+    record.count_reports(reports)
     record.notes = {"busy_s": round(killed - busy_since, 2), "lowest_ttl_ms": lowest_ttl}
     assert outcome and "killed" in str(outcome[0]).lower()
     assert record.locks_lost == 0

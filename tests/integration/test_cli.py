@@ -28,7 +28,7 @@ from actors import QueueKeys, Timing, start_link, stop, track_job
 from actors.cli import LockInfo, Watch, main
 from actors.connection import command_timeout
 from actors.embedded import EmbeddedServer, free_port
-from tests.integration.helpers import take_locks
+from tests.support import take_locks
 
 if TYPE_CHECKING:
     from tests.conftest import Server

@@ -27,43 +27,36 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from actors import (
-    ExtendLocks,
     GetStats,
-    LockManager,
+    ManagerRef,
     QueueKeys,
     Stats,
-    get_active_job_count,
+    Timing,
     get_stats,
     start_link,
     track_job,
 )
 from actors import _telemetry as telemetry
 from actors.embedded import EmbeddedServer, free_port
+from tests.support import (
+    ManualClock,
+    ManualTimers,
+    manual_timer,
+    new_token,
+    settle,
+    take_locks,
+    tick,
+    wait_for,
+)
 
 if TYPE_CHECKING:
-    import pykka
-
     from tests.conftest import Server
 
 LOCK_DURATION = 30000
-THRESHOLD = LOCK_DURATION // 4  # lock_renew_time // 2 with the default renew time
-
-
-class Clock:
-    """The manager's monotonic clock, moved by the test."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000
-
-    def __call__(self) -> int:
-        return self.now
-
-    def pass_threshold(self) -> None:
-        self.now += THRESHOLD + 1
-
-
-def new_token() -> str:
-    return str(uuid.uuid4())
+#: Age after which a job is due, in ms: lock_renew_time // 2 with the default renew time.
+THRESHOLD = Timing(LOCK_DURATION).threshold
+#: Long enough for anything these tests wait for, in seconds.
+WAIT_S = 20.0
 
 
 def queue_keys() -> QueueKeys:
@@ -73,9 +66,7 @@ def queue_keys() -> QueueKeys:
 
 
 def hold(client: redis.Redis, keys: QueueKeys, job_id: str, ttl_ms: int = 20000) -> str:
-    token = new_token()
-    client.set(keys.lock(job_id), token, px=ttl_ms)
-    return token
+    return take_locks(client, keys, [job_id], ttl_ms)[job_id]
 
 
 def dead_client() -> redis.Redis:
@@ -88,47 +79,32 @@ def dead_client() -> redis.Redis:
     )
 
 
-StartManager = Callable[..., "pykka.ActorRef[LockManager]"]
+StartManager = Callable[..., ManagerRef]
 
 
 @pytest.fixture
-def start_manual() -> StartManager:
+def timers() -> ManualTimers:
+    """The timers of the managers ``start_manual`` starts: they never fire."""
+    return manual_timer()
+
+
+@pytest.fixture
+def start_manual(timers: ManualTimers) -> StartManager:
     """Start managers on a test-driven clock whose ticks the test sends."""
 
     def start(
-        connection: redis.Redis, keys: QueueKeys, clock: Clock, **options: Any
-    ) -> pykka.ActorRef[LockManager]:
-        return LockManager.start(
+        connection: redis.Redis | str, keys: QueueKeys, clock: ManualClock, **options: Any
+    ) -> ManagerRef:
+        return start_link(
             connection=connection,
             keys=keys,
             lock_duration=LOCK_DURATION,
-            _clock=clock,
-            _autostart_timer=False,
+            clock=clock,
+            timer=timers,
             **options,
         )
 
     return start
-
-
-def tick(manager: pykka.ActorRef[LockManager]) -> None:
-    manager.ask(ExtendLocks(), timeout=30)
-
-
-def settle(manager: pykka.ActorRef[LockManager]) -> None:
-    """Wait until the manager has handled every message told so far.
-
-    ``track_job`` returns at once: a job tracked after the test moves the
-    clock would be stamped with the new time and not be due.
-    """
-    get_active_job_count(manager, timeout=30)
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(0.02)
 
 
 # -- stats -----------------------------------------------------------------
@@ -138,7 +114,7 @@ def test_stats_count_ticks_renewals_losses_and_script_calls_exactly(
     redis_client: redis.Redis, start_manual: StartManager
 ) -> None:
     # Given five held jobs, tracked by a manager that sends two ids per script call
-    keys, clock = queue_keys(), Clock()
+    keys, clock = queue_keys(), ManualClock()
     manager = start_manual(redis_client, keys, clock, max_batch=2)
     tokens = {job_id: hold(redis_client, keys, job_id) for job_id in ["j1", "j2", "j3", "j4", "j5"]}
     for job_id, held in tokens.items():
@@ -166,7 +142,7 @@ def test_stats_count_ticks_renewals_losses_and_script_calls_exactly(
     # When two locks are lost (one expired, one taken over) and the next tick renews all five
     redis_client.delete(keys.lock("j2"))
     redis_client.set(keys.lock("j4"), "another-worker", px=20000)
-    clock.pass_threshold()
+    clock.advance(THRESHOLD + 1)
     tick(manager)
 
     # Then three renewals, two losses and three script calls (2 + 2 + 1 ids) are counted
@@ -175,12 +151,15 @@ def test_stats_count_ticks_renewals_losses_and_script_calls_exactly(
     assert (stats.script_calls, stats.last_batch, stats.tracked) == (3, 5, 3)
     assert stats.last_renewal_age_ms == 0.0
     assert 0 < stats.last_tick_ms <= stats.max_tick_ms
+    # ...the locks had all but the threshold left, and a tick asked for by hand is never late
+    assert stats.min_lock_margin_ms == LOCK_DURATION - (THRESHOLD + 1)
+    assert (stats.tick_lateness_ms, stats.max_tick_lateness_ms) == (0.0, 0.0)
     # ...and the server agrees: the renewed locks carry a fresh TTL
     for job_id in ["j1", "j3", "j5"]:
         assert redis_client.pttl(keys.lock(job_id)) > 25000
 
     # When time passes without a renewal
-    clock.now += 1234
+    clock.advance(1234)
 
     # Then the age of the last renewal grows with it, whichever way it is asked
     assert get_stats(manager, timeout=10).last_renewal_age_ms == 1234.0
@@ -188,14 +167,41 @@ def test_stats_count_ticks_renewals_losses_and_script_calls_exactly(
     assert manager.proxy().get_stats().get(timeout=10) == get_stats(manager, timeout=10)
 
 
+def test_timer_ticks_count_their_lateness_and_keep_to_the_grid(
+    redis_client: redis.Redis, start_manual: StartManager, timers: ManualTimers
+) -> None:
+    # Given a tracked job and a manager whose timer is armed for its first tick
+    keys, clock = queue_keys(), ManualClock()
+    manager = start_manual(redis_client, keys, clock)
+    track_job(manager, "j1", hold(redis_client, keys, "j1"))
+    settle(manager)
+    first = timers.deadline
+
+    # When that tick runs 250 ms after its grid time, and the next one on time
+    clock.now = first + 250
+    tick(manager, scheduled=first)
+    late = get_stats(manager, timeout=10)
+    second = timers.deadline
+    clock.now = second
+    tick(manager, scheduled=second)
+
+    # Then the lateness is counted, the grid did not move, and the job was
+    # renewed at the second tick with exactly the margin the timing promises
+    stats = get_stats(manager, timeout=10)
+    assert second - first == Timing(LOCK_DURATION).interval
+    assert (late.tick_lateness_ms, late.max_tick_lateness_ms, late.renewed) == (250.0, 250.0, 0)
+    assert (stats.tick_lateness_ms, stats.max_tick_lateness_ms, stats.renewed) == (0.0, 250.0, 1)
+    assert stats.min_lock_margin_ms == Timing(LOCK_DURATION).margin
+
+
 def test_failed_ticks_count_errors_and_keep_every_job(start_manual: StartManager) -> None:
     # Given two tracked jobs on a server nobody listens on
-    keys, clock = queue_keys(), Clock()
+    keys, clock = queue_keys(), ManualClock()
     manager = start_manual(dead_client(), keys, clock)
     track_job(manager, "j1", new_token())
     track_job(manager, "j2", new_token())
     settle(manager)
-    clock.pass_threshold()
+    clock.advance(THRESHOLD + 1)
 
     # When two ticks in a row fail
     tick(manager)
@@ -214,12 +220,12 @@ def test_a_paused_server_counts_one_error_then_renewals_resume(start_manual: Sta
         client = redis.Redis.from_url(
             private.url, socket_timeout=0.3, socket_connect_timeout=0.3, retry=Retry(NoBackoff(), 0)
         )
-        keys, clock = queue_keys(), Clock()
+        keys, clock = queue_keys(), ManualClock()
         token = hold(client, keys, "j1", ttl_ms=60000)
         manager = start_manual(client, keys, clock)
         track_job(manager, "j1", token)
         settle(manager)
-        clock.pass_threshold()
+        clock.advance(THRESHOLD + 1)
 
         # When the server hangs for one tick, then comes back for the next
         private.pause()
@@ -248,8 +254,8 @@ def test_stats_follow_the_real_timer(server: Server, redis_client: redis.Redis) 
 
     # When the timer has renewed it a few times, for longer than its first TTL
     started = time.monotonic()
-    wait_for(lambda: get_stats(manager, timeout=10).renewed >= 3)
-    wait_for(lambda: time.monotonic() - started > 2.5)
+    wait_for(lambda: get_stats(manager, timeout=10).renewed >= 3, WAIT_S, "three renewals")
+    time.sleep(max(0.0, started + 2.5 - time.monotonic()))
 
     # Then the lock is still held, and the stats show a recent renewal and no fault
     assert redis_client.get(keys.lock("j1")) == token.encode()
@@ -279,24 +285,27 @@ def test_healthy_ticks_log_nothing_at_info_or_above(
         track_job(manager, job_id, hold(redis_client, keys, job_id, ttl_ms=2000))
 
     # When several ticks renew them
-    wait_for(lambda: get_stats(manager, timeout=10).renewed >= 4)
+    wait_for(lambda: get_stats(manager, timeout=10).renewed >= 4, WAIT_S, "four renewals")
 
     # Then nothing was logged at INFO or above
     assert actors_records(caplog, logging.INFO) == []
 
 
 def test_a_lost_lock_is_one_warning_naming_the_job_and_the_queue(
-    redis_client: redis.Redis, start_manual: StartManager, caplog: pytest.LogCaptureFixture
+    server: Server,
+    redis_client: redis.Redis,
+    start_manual: StartManager,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Given two tracked jobs, one of which another worker has taken over
     caplog.set_level(logging.DEBUG, logger="actors")
-    keys, clock = queue_keys(), Clock()
-    manager = start_manual(redis_client, keys, clock)
+    keys, clock = queue_keys(), ManualClock()
+    manager = start_manual(server.url, keys, clock)
     track_job(manager, "kept", hold(redis_client, keys, "kept"))
     track_job(manager, "taken", hold(redis_client, keys, "taken"))
     redis_client.set(keys.lock("taken"), "another-worker", px=20000)
     settle(manager)
-    clock.pass_threshold()
+    clock.advance(THRESHOLD + 1)
 
     # When a tick renews them
     tick(manager)
@@ -317,12 +326,12 @@ def test_a_failed_tick_is_an_error_with_its_cause(
 ) -> None:
     # Given a tracked job on a server nobody listens on
     caplog.set_level(logging.DEBUG, logger="actors")
-    keys, clock = queue_keys(), Clock()
+    keys, clock = queue_keys(), ManualClock()
     errors: list[Exception] = []
     manager = start_manual(dead_client(), keys, clock, on_error=errors.append)
     track_job(manager, "j1", new_token())
     settle(manager)
-    clock.pass_threshold()
+    clock.advance(THRESHOLD + 1)
 
     # When a tick fails
     tick(manager)
@@ -369,7 +378,7 @@ def test_one_span_per_renewing_tick_and_none_for_empty_ticks(
     redis_client: redis.Redis, start_manual: StartManager, exporter: InMemorySpanExporter
 ) -> None:
     # Given three tracked jobs, one of whose locks is gone, two ids per script call
-    keys, clock = queue_keys(), Clock()
+    keys, clock = queue_keys(), ManualClock()
     manager = start_manual(redis_client, keys, clock, max_batch=2)
     for job_id in ["j1", "j2", "j3"]:
         track_job(manager, job_id, hold(redis_client, keys, job_id))
@@ -383,7 +392,7 @@ def test_one_span_per_renewing_tick_and_none_for_empty_ticks(
 
     # When the next tick renews them
     settle(manager)
-    clock.pass_threshold()
+    clock.advance(THRESHOLD + 1)
     tick(manager)
 
     # Then exactly one span tells what it did, with BullMQ's names for queue and operation
@@ -397,12 +406,14 @@ def test_one_span_per_renewing_tick_and_none_for_empty_ticks(
         "echomq.lock.failed": 1,
         "echomq.lock.failed_ids": ("j2",),
         "echomq.lock.script_calls": 2,
+        "echomq.lock.tick_lateness_ms": 0.0,
+        "echomq.lock.margin_ms": LOCK_DURATION - (THRESHOLD + 1),
     }
     assert span.status.status_code == StatusCode.UNSET
 
     # When one more tick renews the two jobs left
     settle(manager)
-    clock.pass_threshold()
+    clock.advance(THRESHOLD + 1)
     tick(manager)
 
     # Then it adds one more span, without a loss
@@ -417,11 +428,11 @@ def test_a_failed_tick_span_carries_the_error(
     start_manual: StartManager, exporter: InMemorySpanExporter
 ) -> None:
     # Given a tracked job on a server nobody listens on
-    keys, clock = queue_keys(), Clock()
+    keys, clock = queue_keys(), ManualClock()
     manager = start_manual(dead_client(), keys, clock)
     track_job(manager, "j1", new_token())
     settle(manager)
-    clock.pass_threshold()
+    clock.advance(THRESHOLD + 1)
 
     # When a tick fails
     tick(manager)

@@ -12,7 +12,7 @@ import redis
 
 from actors import QueueKeys
 from tests.conftest import Server
-from tests.integration.helpers import new_token
+from tests.support import new_token
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from actors import LockManager, QueueKeys, start_link, stop
+from actors import ManagerRef, QueueKeys, start_link, stop
 from tests.interop.peers import (
     LOCK_MS,
     NODE_DIR,
@@ -34,7 +34,6 @@ from tests.interop.peers import (
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    import pykka
     import redis
 
     from tests.conftest import Server
@@ -157,7 +156,7 @@ def peer(request: pytest.FixtureRequest) -> Peer:
 @pytest.fixture
 def manager(
     engine_server: Server, engine_client: redis.Redis, keys: QueueKeys
-) -> Iterator[pykka.ActorRef[LockManager]]:
+) -> Iterator[ManagerRef]:
     """Our lock manager on the same queue, with BullMQ's lock duration."""
     ref = start_link(
         connection=engine_server.url,

@@ -469,16 +469,3 @@ def check_until_stalled(
         AssertionError: Some were not reported within :data:`RECOVER_S` seconds.
     """
     return check_for(checker, client, keys, 0, until_stalled=ids)
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``predicate`` every few milliseconds until it holds.
-
-    Raises:
-        AssertionError: It did not hold within ``timeout`` seconds.
-    """
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(0.02)

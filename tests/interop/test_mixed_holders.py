@@ -21,14 +21,13 @@ from tests.interop.peers import (
     check_for,
     check_until_stalled,
     stall_count,
-    wait_until,
 )
+from tests.support import wait_for
 
 if TYPE_CHECKING:
-    import pykka
     import redis
 
-    from actors import LockManager, QueueKeys
+    from actors import ManagerRef, QueueKeys
     from tests.interop.peers import NodePeer, PythonPeer
 
 pytestmark = [pytest.mark.both_engines, pytest.mark.node]
@@ -40,7 +39,7 @@ EACH = 3
 def test_holders_of_both_runtimes_keep_their_jobs_and_recover_each_others(
     python_peer: PythonPeer,
     node_peer: NodePeer,
-    manager: pykka.ActorRef[LockManager],
+    manager: ManagerRef,
     engine_client: redis.Redis,
     keys: QueueKeys,
 ) -> None:
@@ -51,7 +50,7 @@ def test_holders_of_both_runtimes_keep_their_jobs_and_recover_each_others(
         track_job(manager, job.id, job.token)
     # and a running Node.js BullMQ worker takes the rest and holds them.
     node_peer.hold(concurrency=EACH)
-    wait_until(
+    wait_for(
         lambda: len(node_peer.events("active")) == EACH,
         RECOVER_S,
         f"the Node.js worker took {EACH} jobs",
@@ -79,7 +78,7 @@ def test_holders_of_both_runtimes_keep_their_jobs_and_recover_each_others(
 
     # Then the Node.js worker's checker recovers our jobs, and only ours.
     our_ids = sorted(job.id for job in ours)
-    wait_until(
+    wait_for(
         lambda: sorted(str(event["id"]) for event in node_peer.events("stalled")) == our_ids,
         RECOVER_S,
         f"the Node.js checker reported {our_ids} stalled",

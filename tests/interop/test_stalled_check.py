@@ -16,10 +16,9 @@ from actors import get_stats, stop, track_job, untrack_job
 from tests.interop.peers import HOLD_S, LOCK_MS, check_for, check_until_stalled, stall_count
 
 if TYPE_CHECKING:
-    import pykka
     import redis
 
-    from actors import LockManager, QueueKeys
+    from actors import ManagerRef, QueueKeys
     from tests.interop.peers import Peer
 
 pytestmark = pytest.mark.both_engines
@@ -30,7 +29,7 @@ LOCK_S = LOCK_MS / 1000
 
 def test_tracked_job_outlives_stalled_checks_and_is_recovered_once_untracked(
     peer: Peer,
-    manager: pykka.ActorRef[LockManager],
+    manager: ManagerRef,
     engine_client: redis.Redis,
     keys: QueueKeys,
 ) -> None:
@@ -69,7 +68,7 @@ def test_tracked_job_outlives_stalled_checks_and_is_recovered_once_untracked(
 
 def test_only_tracked_jobs_stay_active_and_each_is_released_when_dropped(
     peer: Peer,
-    manager: pykka.ActorRef[LockManager],
+    manager: ManagerRef,
     engine_client: redis.Redis,
     keys: QueueKeys,
 ) -> None:

@@ -14,7 +14,6 @@ import random
 import threading
 import time
 import tracemalloc
-import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,11 +29,10 @@ from actors import (
     untrack_job,
 )
 from actors.schedule import Timing
+from tests.support import job_ids, lost_locks, new_token, set_locks
 
 if TYPE_CHECKING:
-    import pykka
-
-    from actors import LockManager
+    from actors import ManagerRef
     from tests.conftest import Server
 
 KEYS = QueueKeys("soak")
@@ -79,7 +77,7 @@ class Churn(threading.Thread):
     def __init__(
         self,
         index: int,
-        manager: pykka.ActorRef[LockManager],
+        manager: ManagerRef,
         client: redis.Redis,
         lock_ms: int,
         stop: threading.Event,
@@ -89,7 +87,7 @@ class Churn(threading.Thread):
         self.client = client
         self.lock_ms = lock_ms
         self.stop_event = stop
-        self.tokens = {f"churn-{index}-{i}": str(uuid.uuid4()) for i in range(CHURN_IDS)}
+        self.tokens = {job_id: new_token() for job_id in job_ids(CHURN_IDS, f"churn-{index}")}
         self.tracked: set[str] = set()
         self.ops = 0
         self.random = random.Random(index)
@@ -114,23 +112,9 @@ def other_threads() -> int:
     return sum(1 for t in threading.enumerate() if not t.name.startswith("churn-"))
 
 
-def dead(client: redis.Redis, tokens: dict[str, str]) -> list[str]:
-    ids = list(tokens)
-    lost: list[str] = []
-    for start in range(0, len(ids), 10_000):
-        chunk = ids[start : start + 10_000]
-        pipe = client.pipeline(transaction=False)
-        for job_id in chunk:
-            pipe.get(KEYS.lock(job_id))
-        for job_id, value in zip(chunk, pipe.execute(), strict=True):
-            if value is None or value.decode() != tokens[job_id]:
-                lost.append(job_id)
-    return lost
-
-
 def run_load(server: Server, client: redis.Redis, jobs: int, ticks: int, lock_ms: int) -> Figures:
     timing = Timing(lock_ms)
-    tokens = {f"job-{i}": str(uuid.uuid4()) for i in range(jobs)}
+    tokens = {job_id: new_token() for job_id in job_ids(jobs)}
     renewed = [0]
 
     def count(ids: list[str]) -> None:
@@ -147,12 +131,9 @@ def run_load(server: Server, client: redis.Redis, jobs: int, ticks: int, lock_ms
         items = list(tokens.items())
         for start in range(0, jobs, 5000):
             chunk = items[start : start + 5000]
-            pipe = client.pipeline(transaction=False)
-            for job_id, token in chunk:
-                # Twice the TTL: no worker takes 100,000 jobs in one go, and
-                # the tells of the last ones wait behind the first ticks.
-                pipe.set(KEYS.lock(job_id), token, px=2 * lock_ms)
-            pipe.execute()
+            # Twice the TTL: no worker takes 100,000 jobs in one go, and
+            # the tells of the last ones wait behind the first ticks.
+            set_locks(client, KEYS, dict(chunk), 2 * lock_ms)
             for job_id, token in chunk:
                 track_job(manager, job_id, token)
 
@@ -190,8 +171,7 @@ def run_load(server: Server, client: redis.Redis, jobs: int, ticks: int, lock_ms
         tracked = get_tracked_job_ids(manager, timeout=60)
         stats = get_stats(manager, timeout=30)
         assert sorted(tracked) == sorted(expected)
-        lost = dead(client, held)
-        assert lost == []
+        assert lost_locks(client, KEYS, held) == set()
         return Figures(
             jobs=jobs,
             ticks=stats.ticks - first,

@@ -7,9 +7,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors import QueueKeys
-from actors.keys import hash_slot, key_hash_tag
+from actors.connection import hash_slot
+from actors.keys import hash_tag
 
-names = st.text(min_size=1, max_size=30)
+#: Text a key may hold: any character that encodes as UTF-8 (no lone surrogate).
+texts = st.text(st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=30)
+#: Queue names: the same, without ':' (a name with one is a prefix run into a name).
+names = st.text(
+    st.characters(blacklist_categories=["Cs"], blacklist_characters=":"), min_size=1, max_size=30
+)
 
 
 def test_layout_matches_the_shared_contract() -> None:
@@ -28,13 +34,24 @@ def test_bullmq_prefix() -> None:
     assert keys.stalled == "bull:mail:stalled"
 
 
-@given(name=names, prefix=names, job_id=names)
-def test_every_lock_key_is_key_prefix_id_lock(name: str, prefix: str, job_id: str) -> None:
+@given(name=names, prefix=texts, job_id=texts)
+def test_every_lock_key_is_key_prefix_id_lock_and_reads_back(
+    name: str, prefix: str, job_id: str
+) -> None:
     keys = QueueKeys(name, prefix=prefix)
 
     assert keys.lock(job_id) == keys.key_prefix + job_id + ":lock"
     assert keys.key_prefix == keys.base + ":"
     assert keys.stalled == keys.key_prefix + "stalled"
+    assert keys.job_id(keys.lock(job_id)) == job_id
+    assert keys.job_id(keys.lock(job_id).encode()) == job_id
+
+
+@pytest.mark.parametrize(
+    "key", ["emq:other:1:lock", "emq:myqueue:1", "emq:myqueue::lock", "emq:myqueue:stalled"]
+)
+def test_keys_of_other_queues_or_kinds_have_no_job_id(key: str) -> None:
+    assert QueueKeys("myqueue").job_id(key) is None
 
 
 @pytest.mark.parametrize(
@@ -45,6 +62,7 @@ def test_every_lock_key_is_key_prefix_id_lock(name: str, prefix: str, job_id: st
         (None, "emq", TypeError),
         (b"q", "emq", TypeError),
         ("q", 3, TypeError),
+        ("q\udc80", "emq", ValueError),
     ],
 )
 def test_invalid_names_are_refused(name: object, prefix: object, error: type[Exception]) -> None:
@@ -52,7 +70,12 @@ def test_invalid_names_are_refused(name: object, prefix: object, error: type[Exc
         QueueKeys(name, prefix=prefix)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("job_id", ["", None, 42])
+def test_a_name_with_a_colon_is_refused_with_the_split_that_was_meant() -> None:
+    with pytest.raises(ValueError, match=r"QueueKeys\('emails', prefix='bull'\)"):
+        QueueKeys("bull:emails")
+
+
+@pytest.mark.parametrize("job_id", ["", None, 42, "j\udc80"])
 def test_invalid_job_ids_are_refused(job_id: object) -> None:
     with pytest.raises((TypeError, ValueError), match="job_id"):
         QueueKeys("q").lock(job_id)  # type: ignore[arg-type]
@@ -66,6 +89,14 @@ def test_keys_compare_by_name_and_prefix() -> None:
 
 
 @pytest.mark.parametrize(
+    ("name", "pattern"),
+    [("myqueue", "emq:myqueue:*:lock"), ("{q}*[x]", r"emq:\{q\}\*\[x\]:*:lock")],
+)
+def test_lock_pattern_matches_only_this_queues_locks(name: str, pattern: str) -> None:
+    assert QueueKeys(name).lock_pattern == pattern
+
+
+@pytest.mark.parametrize(
     ("key", "slot"),
     [("foo", 12182), ("123456789", 12739), ("{user1000}.following", hash_slot("user1000"))],
 )
@@ -75,10 +106,10 @@ def test_hash_slot_matches_the_cluster_spec(key: str, slot: int) -> None:
 
 @pytest.mark.parametrize(
     ("key", "tag"),
-    [("{a}b", "a"), ("x{a}{b}", "a"), ("{}a", "{}a"), ("a{b", "a{b"), ("a}b{c}", "c")],
+    [("{a}b", "a"), ("x{a}{b}", "a"), ("{}a", None), ("a{b", None), ("a}b{c}", "c"), ("ab", None)],
 )
-def test_hash_tag_extraction(key: str, tag: str) -> None:
-    assert key_hash_tag(key) == tag
+def test_hash_tag_is_what_a_cluster_hashes_or_none(key: str, tag: str | None) -> None:
+    assert hash_tag(key) == tag
 
 
 @pytest.mark.parametrize(
@@ -95,7 +126,7 @@ def test_queue_hash_tag(name: str, prefix: str, tag: str | None) -> None:
     assert QueueKeys(name, prefix=prefix).hash_tag == tag
 
 
-@given(name=names, job_id=names)
+@given(name=names, job_id=texts)
 def test_a_tagged_queue_keeps_every_key_in_one_slot(name: str, job_id: str) -> None:
     keys = QueueKeys("{" + name.replace("}", "") + "x}")
 

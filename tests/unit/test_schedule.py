@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from actors import Timing
 from actors.schedule import next_deadline, select_due
+from actors.validation import MAX_DURATION_MS
 
 
 def test_defaults_are_30000_15000_7500() -> None:
@@ -74,11 +75,26 @@ def test_the_boundary_is_strict(ts: int, threshold: int) -> None:
     interval=st.integers(1, 10**5),
     late=st.integers(-(10**5), 10**6),
 )
-def test_ticks_stay_on_the_grid_and_in_the_future(previous: int, interval: int, late: int) -> None:
+def test_ticks_stay_on_the_grid_and_an_overrun_fires_at_once_without_a_burst(
+    previous: int, interval: int, late: int
+) -> None:
     now = previous + late
 
     deadline = next_deadline(previous, interval, now)
 
-    assert deadline > now
     assert (deadline - previous) % interval == 0
-    assert deadline - interval <= max(now, previous)
+    assert deadline >= previous + interval
+    if now < previous + interval:
+        # On time: the next grid time, still ahead.
+        assert deadline == previous + interval
+    else:
+        # Overran: the latest grid time already past, less than one interval late.
+        assert deadline <= now < deadline + interval
+
+
+def test_durations_are_bounded_by_max_duration_ms() -> None:
+    assert Timing(MAX_DURATION_MS).lock_duration == MAX_DURATION_MS
+    with pytest.raises(ValueError, match="lock_duration"):
+        Timing(MAX_DURATION_MS + 1)
+    with pytest.raises(ValueError, match="lock_renew_time"):
+        Timing(1000, MAX_DURATION_MS + 1)

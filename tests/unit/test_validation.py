@@ -9,21 +9,28 @@ import pykka
 import pytest
 
 from actors import (
+    ExtendLocks,
     LockManager,
+    ManagerRef,
+    ManagerStopped,
     QueueKeys,
+    TrackJob,
+    UntrackJob,
     is_tracked,
     start_link,
     stop,
     track_job,
     untrack_job,
 )
+from actors.validation import MAX_DURATION_MS, MAX_TEXT_BYTES
+from tests.support import unchecked
 
 # Nothing listens here: these tests must fail before any command is sent.
 UNUSED_URL = "redis://127.0.0.1:1/0"
 
 
 @pytest.fixture
-def manager() -> Iterator[pykka.ActorRef[LockManager]]:
+def manager() -> Iterator[ManagerRef]:
     ref = start_link(connection=UNUSED_URL, keys=QueueKeys("q"))
     yield ref
     stop(ref)
@@ -35,30 +42,55 @@ def manager() -> Iterator[pykka.ActorRef[LockManager]]:
         ("", "t", ValueError, "job_id"),
         (None, "t", TypeError, "job_id"),
         (42, "t", TypeError, "job_id"),
+        ("j\udc80", "t", ValueError, "job_id"),
+        ("j" * (MAX_TEXT_BYTES + 1), "t", ValueError, "job_id"),
         ("j", "", ValueError, "token"),
         ("j", None, TypeError, "token"),
         ("j", b"t", TypeError, "token"),
+        ("j", "é" * (MAX_TEXT_BYTES // 2 + 1), ValueError, "token"),
     ],
 )
 def test_track_job_refuses_bad_ids_and_tokens(
-    manager: pykka.ActorRef[LockManager],
-    job_id: Any,
-    token: Any,
-    error: type[Exception],
-    argument: str,
+    manager: ManagerRef, job_id: Any, token: Any, error: type[Exception], argument: str
 ) -> None:
     with pytest.raises(error, match=argument):
         track_job(manager, job_id, token)
 
 
-@pytest.mark.parametrize("job_id", ["", None, 7])
-def test_untrack_and_is_tracked_refuse_bad_ids(
-    manager: pykka.ActorRef[LockManager], job_id: Any
+def test_the_longest_id_and_token_are_accepted(manager: ManagerRef) -> None:
+    longest = "j" * MAX_TEXT_BYTES
+    track_job(manager, longest, "é" * (MAX_TEXT_BYTES // 2))
+
+    assert is_tracked(manager, longest, timeout=5)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "argument"),
+    [
+        ({"ts": 1.5}, TypeError, "ts"),
+        ({"max_hold": 0}, ValueError, "max_hold"),
+        ({"max_hold": MAX_DURATION_MS + 1}, ValueError, "max_hold"),
+        ({"notify": "someone"}, TypeError, "notify"),
+    ],
+)
+def test_track_job_refuses_bad_options(
+    manager: ManagerRef, options: dict[str, Any], error: type[Exception], argument: str
 ) -> None:
+    with pytest.raises(error, match=argument):
+        track_job(manager, "j", "t", **options)
+
+
+@pytest.mark.parametrize("job_id", ["", None, 7])
+def test_untrack_and_is_tracked_refuse_bad_ids(manager: ManagerRef, job_id: Any) -> None:
     with pytest.raises((TypeError, ValueError), match="job_id"):
         untrack_job(manager, job_id)
     with pytest.raises((TypeError, ValueError), match="job_id"):
         is_tracked(manager, job_id)
+
+
+def test_the_helpers_refuse_what_is_not_a_manager_reference() -> None:
+    with pytest.raises(TypeError, match="manager must be the reference"):
+        track_job("manager", "j", "t")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -66,15 +98,23 @@ def test_untrack_and_is_tracked_refuse_bad_ids(
     [
         ({"lock_duration": 0}, ValueError, "lock_duration"),
         ({"lock_duration": "30000"}, TypeError, "lock_duration"),
+        ({"lock_duration": MAX_DURATION_MS + 1}, ValueError, "lock_duration"),
         ({"lock_duration": 1000, "lock_renew_time": 1000}, ValueError, "lock_renew_time"),
         ({"lock_duration": 1000, "lock_renew_time": 1}, ValueError, "lock_renew_time"),
         ({"max_batch": 0}, ValueError, "max_batch"),
-        ({"max_batch": 2.5}, ValueError, "max_batch"),
+        ({"max_batch": 2.5}, TypeError, "max_batch"),
+        ({"max_batch": True}, TypeError, "max_batch"),
+        ({"max_hold": 0}, ValueError, "max_hold"),
+        ({"max_hold": 1.5}, TypeError, "max_hold"),
         ({"on_error": "log"}, TypeError, "on_error"),
         ({"on_lock_renewal_failed": 1}, TypeError, "on_lock_renewal_failed"),
         ({"on_locks_renewed": []}, TypeError, "on_locks_renewed"),
+        ({"clock": 0}, TypeError, "clock"),
+        ({"timer": "manual"}, TypeError, "timer"),
         ({"keys": "q"}, TypeError, "keys"),
         ({"connection": 6379}, TypeError, "connection"),
+        ({"connection": None}, TypeError, "connection"),
+        ({"renewer": lambda ids, tokens: None}, TypeError, "connection or renewer"),
     ],
 )
 def test_start_link_refuses_bad_options(
@@ -93,25 +133,71 @@ def test_a_bad_url_is_refused_at_start() -> None:
         start_link(connection="http://example", keys=QueueKeys("q"))
 
 
-def test_malformed_messages_do_not_kill_the_manager(manager: pykka.ActorRef[LockManager]) -> None:
-    from actors.messages import TrackJob, UntrackJob
+@pytest.mark.parametrize(
+    ("build", "error", "argument"),
+    [
+        (lambda: TrackJob(None, None), TypeError, "job_id"),  # type: ignore[arg-type]
+        (lambda: TrackJob("j", ""), ValueError, "token"),
+        (lambda: UntrackJob(""), ValueError, "job_id"),
+        (lambda: ExtendLocks(1.5), TypeError, "scheduled"),  # type: ignore[arg-type]
+    ],
+)
+def test_a_malformed_message_cannot_be_built(
+    build: Any, error: type[Exception], argument: str
+) -> None:
+    with pytest.raises(error, match=argument):
+        build()
 
-    for garbage in ("garbage", None, 42, TrackJob(None, None), UntrackJob(""), object()):  # type: ignore[arg-type]
-        manager.tell(garbage)
+
+def test_malformed_messages_that_reach_it_do_not_kill_the_manager(manager: ManagerRef) -> None:
+    garbage: list[object] = [
+        "garbage",
+        None,
+        42,
+        object(),
+        unchecked(TrackJob, job_id=None, token=None, ts=0),
+        unchecked(TrackJob, job_id="j", token="", ts=0),
+        unchecked(UntrackJob, job_id=""),
+    ]
+    for message in garbage:
+        manager.tell(message)
     track_job(manager, "j", "t")
 
     assert is_tracked(manager, "j", timeout=5)
     assert manager.is_alive()
 
 
-def test_stop_is_idempotent_and_tracking_after_stop_is_a_no_op(
-    manager: pykka.ActorRef[LockManager],
-) -> None:
+def test_a_proxy_checks_its_calls_in_the_callers_thread(manager: ManagerRef) -> None:
+    proxy = manager.proxy()
+
+    with pytest.raises(ValueError, match="token"):
+        proxy.track_job("j", "")
+    with pytest.raises(ValueError, match="token"):
+        proxy.track_job.defer("j", "")
+    with pytest.raises(AttributeError, match="no operation 'on_receive'"):
+        proxy.on_receive("x")
+    with pytest.raises(AttributeError, match="cannot be set"):
+        proxy.queue_name = "other"
+
+    assert manager.is_alive()
+
+
+def test_stop_is_idempotent_and_tracking_after_stop_is_a_no_op(manager: ManagerRef) -> None:
     stop(manager)
     stop(manager)
     track_job(manager, "j", "t")
     untrack_job(manager, "j")
+    untrack_job(manager, "j", wait=True)
 
     assert not manager.is_alive()
-    with pytest.raises(pykka.ActorDeadError):
+    with pytest.raises(ManagerStopped, match="LockManager for queue 'q' is stopped"):
         is_tracked(manager, "j")
+
+
+def test_a_manager_class_started_directly_hands_out_a_checked_reference() -> None:
+    ref = LockManager.start(connection=UNUSED_URL, keys=QueueKeys("q"))
+
+    assert isinstance(ref, ManagerRef)
+    with pytest.raises(ValueError, match="job_id"):
+        ref.proxy().track_job("", "t")
+    assert ref.is_alive()
