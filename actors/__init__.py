@@ -16,8 +16,14 @@ The layers, each importing only from those above it in this list: pure logic
 :mod:`~actors.jobs`); Redis I/O (:mod:`~actors.connection`,
 :mod:`~actors.scripts`, :mod:`~actors.renewer`); the actor
 (:mod:`~actors.timer`, :mod:`~actors.ref`, :mod:`~actors.lock_manager`,
-:mod:`~actors.api`, :mod:`~actors.lease`); tools (:mod:`~actors.cli`,
-:mod:`~actors.embedded`, :mod:`~actors.bullmq`).
+:mod:`~actors.api`, :mod:`~actors.aio`, :mod:`~actors.lease`); tools
+(:mod:`~actors.cli`, :mod:`~actors.embedded`, :mod:`~actors.bullmq`).
+``tests/unit/test_layers.py`` keeps it so.
+
+One word per act and layer: the shared script and what mirrors it keep
+BullMQ's word, "extend" (``extendLocks-1.lua``, ``ExtendLocks``,
+``extend_locks``), so a reader can match them with every other runtime;
+everything of this package's own says "renew".
 """
 
 from __future__ import annotations

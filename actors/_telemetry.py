@@ -102,7 +102,7 @@ class TickSpan:
         span = self._span
         if span is None or not span.is_recording():
             return
-        from opentelemetry.trace import Status, StatusCode
+        from opentelemetry.trace import Status, StatusCode  # noqa: PLC0415 (optional: only when a span records)
 
         span.record_exception(exc)
         span.set_attribute(ATTR_ERROR_TYPE, type(exc).__name__)
@@ -116,7 +116,7 @@ def _get_tracer() -> Any:
         with _lock:
             if _tracer is _UNSET:
                 try:
-                    from opentelemetry import trace
+                    from opentelemetry import trace  # noqa: PLC0415 (optional: only when a span records)
                 except ImportError:
                     _tracer = None
                 else:

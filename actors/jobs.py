@@ -74,6 +74,7 @@ class JobTable:
         return token, self.watches.pop(job_id, None)
 
     def ids(self) -> list[str]:
+        """Return the tracked ids, in tracking order."""
         return list(self.tokens)
 
     def due(self, now: int, threshold: int) -> tuple[list[str], list[str]]:
@@ -87,6 +88,7 @@ class JobTable:
         return min(map(self.stamps.__getitem__, job_ids))
 
     def stamp(self, job_ids: Iterable[str], ts: int) -> None:
+        """Stamp ``job_ids`` as renewed at ``ts`` (monotonic ms)."""
         stamps = self.stamps
         for job_id in job_ids:
             stamps[job_id] = ts

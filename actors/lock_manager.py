@@ -361,9 +361,7 @@ class LockManager(pykka.ThreadingActor):
         if failure is None:
             reporter.succeeded()
         else:
-            unknown = (
-                len(due) if outcome is None else sum(e.stop - e.start for e in outcome.errors)
-            )
+            unknown = len(due) if outcome is None else sum(e.stop - e.start for e in outcome.errors)
             reporter.failed(failure, unknown)
 
     def _apply(
@@ -403,6 +401,7 @@ class LockManager(pykka.ThreadingActor):
                     exc_info=True,
                 )
         return LostLock(job_id, token or held, reason)
+
 
 _HANDLERS: dict[type, Callable[[LockManager, Any], Any]] = {
     ExtendLocks: lambda actor, message: actor._tick(message.scheduled),

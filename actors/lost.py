@@ -48,6 +48,7 @@ class LostLock(str):
     reason: Reason
 
     def __new__(cls, job_id: str, token: str, reason: Reason) -> LostLock:
+        """Make the id ``job_id`` that lost the lock ``token`` for ``reason``."""
         self = super().__new__(cls, job_id)
         self.token = token
         self.reason = reason
@@ -65,7 +66,7 @@ class LostLock(str):
         return (LostLock, (self.job_id, self.token, self.reason))
 
 
-class LockLost(Exception):  # noqa: N818  (the name the contract gives it)
+class LockLost(Exception):
     """A job's lock is lost: raised by a lease's ``check()``, told to a job actor.
 
     A job actor that tracked its job with ``notify=self.actor_ref`` receives

@@ -373,7 +373,10 @@ def classify_failed(
     for job_id, value in zip(outcome.failed, values, strict=True):
         i = position[job_id]
         if isinstance(value, ResponseError) and str(value).startswith("WRONGTYPE"):
-            value = b"\0"  # the key holds something that is not a token
+            # The key holds something that is not a token: another holder's.
+            reasons[job_id] = STOLEN
+            lost.append(job_id)
+            continue
         if isinstance(value, Exception):
             held.append(ChunkError(i, i + 1, _unconfirmed(keys, job_id, value)))
             continue

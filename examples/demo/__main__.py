@@ -99,7 +99,7 @@ def summarise(outcome: Outcome, config: Config, picture: Path | None) -> Summary
 def draw(outcome: Outcome, config: Config) -> Path | None:
     """Draw the timeline of three jobs (a plain one, the stolen one, the crashed one)."""
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401, PLC0415 (optional: the demo runs without it)
     except ImportError:
         print(f"no timeline picture: matplotlib is missing ({timeline.INSTALL_HINT})")
         return None

@@ -142,10 +142,10 @@ def draw_timeline(
     Raises:
         ImportError: matplotlib is not installed (see :data:`INSTALL_HINT`).
     """
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 (optional: the demo runs without it)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 (optional: the demo runs without it)
 
     ttl = timing.lock_duration / 1000
     renew = timing.renew_time / 1000
@@ -265,8 +265,8 @@ def _draw_marks(ax: Axes, marks: Sequence[tuple[float, str]], ttl: float) -> Non
 
 
 def _legend(fig: Figure) -> None:
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
+    from matplotlib.lines import Line2D  # noqa: PLC0415 (optional: the demo runs without it)
+    from matplotlib.patches import Patch  # noqa: PLC0415 (optional: the demo runs without it)
 
     handles = [
         Line2D([], [], color=_BLUE, lw=1.4, label="remaining lock TTL"),

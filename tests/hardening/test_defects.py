@@ -194,7 +194,9 @@ def test_concurrent_stops_all_return(redis_client: redis.Redis) -> None:
         manager = _manager(redis_client)
         returned: list[bool] = []
         threads = [
-            threading.Thread(target=lambda: returned.append(stop(manager, timeout=5) is None))
+            threading.Thread(
+                target=lambda m=manager, r=returned: r.append(stop(m, timeout=5) is None)
+            )
             for _ in range(8)
         ]
         for thread in threads:
