@@ -314,3 +314,22 @@ def test_a_client_timeout_that_breaks_the_rule_is_warned_with_one_number(
 def test_a_prefix_written_into_the_queue_name_is_refused() -> None:
     with pytest.raises(ValueError, match=r"QueueKeys\('emails', prefix='bull'\)"):
         QueueKeys("bull:emails")
+
+
+def test_a_lock_key_of_another_type_is_one_lost_job_and_the_rest_are_renewed(
+    engine_client: redis.Redis,
+) -> None:
+    # Defect 8: GET on a hash aborted the script call: earlier jobs renewed
+    # but never counted, later ones expired unreported.
+    recorder = Recorder()
+    manager = _manager(engine_client, **recorder.callbacks())
+    tokens = take_locks(engine_client, KEYS, ["a", "b", "c"], TTL)
+    for job_id, token in tokens.items():
+        track_job(manager, job_id, token)
+    engine_client.delete(KEYS.lock("b"))
+    engine_client.hset(KEYS.lock("b"), "holder", "someone")
+    wait_for(lambda: recorder.lost(), 4 * TTL / 1000, "the loss of b")
+    seen = watch_locks(engine_client, KEYS, {"a": tokens["a"], "c": tokens["c"]}, 3 * TTL / 1000)
+    assert seen.missing == set()
+    assert [(item.job_id, item.reason) for item in recorder.lost()] == [("b", "stolen")]
+    assert sorted(get_tracked_job_ids(manager)) == ["a", "c"]
