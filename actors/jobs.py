@@ -49,20 +49,37 @@ class JobTable:
     def __contains__(self, job_id: object) -> bool:
         return job_id in self.tokens
 
-    def track(self, job_id: str, token: str, ts: int, watch: Watch | None = None) -> bool:
+    def track(
+        self,
+        job_id: str,
+        token: str,
+        ts: int,
+        notify: Notify | None = None,
+        max_hold: int | None = None,
+    ) -> bool:
         """Track a job; return whether it is a new lock (new job or new token).
 
-        The same token again keeps the older stamp: a job tracked over and
-        over (a progress hook) is still renewed on time.
+        The same token again is the same lock: it keeps its older stamp (a job
+        tracked over and over, by a progress hook, is still renewed on time),
+        its hold deadline (it cannot slide), and whoever asked to be told of
+        its loss unless another is named. A new token is a new lock: all of
+        that starts again.
         """
         fresh = self.tokens.get(job_id) != token
         if fresh:
             self.tokens[job_id] = token
             self.stamps[job_id] = ts
-        if watch is not None:
-            self.watches[job_id] = watch
-        elif fresh:
             self.watches.pop(job_id, None)
+            old = None
+        else:
+            old = self.watches.get(job_id)
+        if old is not None:
+            notify = notify if notify is not None else old.notify
+            deadline = old.deadline if old.deadline is not None else _deadline(ts, max_hold)
+        else:
+            deadline = _deadline(ts, max_hold)
+        if notify is not None or deadline is not None:
+            self.watches[job_id] = Watch(notify, deadline)
         return fresh
 
     def untrack(self, job_id: str) -> tuple[str, Watch | None] | None:
@@ -100,3 +117,7 @@ class JobTable:
             for job_id, watch in self.watches.items()
             if watch.deadline is not None and watch.deadline <= now
         ]
+
+
+def _deadline(ts: int, max_hold: int | None) -> int | None:
+    return None if max_hold is None else ts + max_hold

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pykka
 
 from actors import _telemetry
-from actors.jobs import JobTable, Watch
+from actors.jobs import JobTable
 from actors.keys import QueueKeys
 from actors.lost import EXPIRED, MANAGER_STOPPED, MAX_HOLD, LockLost, LostLock, Reason
 from actors.messages import (
@@ -40,7 +40,7 @@ from actors.ref import ManagerRef
 from actors.renewer import RedisRenewer
 from actors.report import Reporter
 from actors.schedule import DEFAULT_LOCK_DURATION, Timing, monotonic_ms, next_deadline
-from actors.scripts import DEFAULT_MAX_BATCH
+from actors.scripts import DEFAULT_MAX_BATCH, BatchOutcome
 from actors.timer import ThreadTimer
 from actors.validation import MAX_DURATION_MS, is_valid_text, require_callback, require_int
 
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
     from actors.connection import Client
     from actors.messages import Notify
-    from actors.renewer import BatchOutcome, Renewer
+    from actors.renewer import Renewer
     from actors.stats import Stats
     from actors.timer import Timer, TimerFactory
 
@@ -123,6 +123,11 @@ class LockManager(pykka.ThreadingActor):
         require_callback(on_locks_renewed, "on_locks_renewed")
         require_callback(on_error, "on_error")
         require_callback(clock, "clock")
+        if clock is not None and (isinstance(probe := clock(), bool) or not isinstance(probe, int)):
+            raise TypeError(
+                f"clock must return int milliseconds (as time.monotonic_ns() // 1_000_000), "
+                f"got {type(probe).__name__}"
+            )
         require_callback(timer, "timer")
         if max_hold is not None:
             require_int(max_hold, "max_hold", maximum=MAX_DURATION_MS)
@@ -150,6 +155,8 @@ class LockManager(pykka.ThreadingActor):
         self.thread_ident: int | None = None
         self.finished = threading.Event()
         self._jobs = JobTable()
+        #: Who to tell of a lost lock, told once the tick is done.
+        self._notes: list[tuple[Notify, LockLost]] = []
         self._timer: Timer | None = None
         self._next_tick: int | None = None
         # The reference every caller gets: it checks each door in the
@@ -191,6 +198,7 @@ class LockManager(pykka.ThreadingActor):
         try:
             for job_id in list(self._jobs.watches):
                 self._forget(job_id, MANAGER_STOPPED)
+            self._deliver()
             if self._timer is not None:
                 self._timer.close()
                 self._timer = None
@@ -239,11 +247,7 @@ class LockManager(pykka.ThreadingActor):
         # A stamp is never later than now: a lock never looks younger than it is.
         ts = now if ts is None or ts > now else ts
         max_hold = message.max_hold if message.max_hold is not None else self._max_hold
-        watch = None
-        if message.notify is not None or max_hold is not None:
-            deadline = None if max_hold is None else ts + max_hold
-            watch = Watch(message.notify, deadline)
-        self._jobs.track(job_id, token, ts, watch)
+        self._jobs.track(job_id, token, ts, message.notify, max_hold)
 
     def _on_untrack(self, message: UntrackJob) -> None:
         self._jobs.untrack(message.job_id)
@@ -305,33 +309,34 @@ class LockManager(pykka.ThreadingActor):
     def _tick(self, scheduled: int | None) -> None:
         self._reporter.counters.ticks += 1
         now = self.clock()
-        on_grid = scheduled is not None and scheduled == self._next_tick
-        if on_grid:
-            assert scheduled is not None
-            self._reporter.late(now - scheduled)
-            # Select and stamp at the grid time, not when the tick got to run:
-            # lateness then never makes a job due a tick early, and the grid
-            # time is never after the renewal, so no lock looks younger.
-            at = scheduled
-        else:
-            at = now
-        timing = self._timing
-        if self._jobs.watches:
-            overdue = self._jobs.overdue(now)
-            if overdue:
-                self._reporter.lost([self._forget(job_id, MAX_HOLD) for job_id in overdue])
-        due, tokens = self._jobs.due(at, timing.threshold)
-        if due:
-            self._renew(due, tokens, at, now)
-        if on_grid and self._timer is not None:
-            self._next_tick = next_deadline(at, timing.interval, self.clock())
-            self._timer.arm(self._next_tick)
+        # Only the timer's own fire, once its time has come, is a grid tick:
+        # one sent early (or forged) is a plain "renew now" and moves nothing.
+        on_grid = scheduled is not None and scheduled == self._next_tick and scheduled <= now
+        # Select and stamp a grid tick at its grid time, not when it got to
+        # run: lateness then never makes a job due a tick early, and the grid
+        # time is never after the renewal, so no lock looks younger.
+        at = scheduled if on_grid and scheduled is not None else now
+        try:
+            if on_grid:
+                self._reporter.late(now - at)
+            if self._jobs.watches:
+                overdue = self._jobs.overdue(now)
+                if overdue:
+                    self._reporter.lost([self._forget(job_id, MAX_HOLD) for job_id in overdue])
+            due, tokens = self._jobs.due(at, self._timing.threshold)
+            if due:
+                self._renew(due, tokens, at, now)
+        finally:
+            # Whatever happened above, the timer ticks again.
+            if on_grid and self._timer is not None:
+                self._next_tick = next_deadline(at, self._timing.interval, self.clock())
+                self._timer.arm(self._next_tick)
+            self._deliver()
 
     def _renew(self, due: list[str], tokens: list[str], at: int, now: int) -> None:
         started = time.perf_counter()
         reporter = self._reporter
-        jobs = self._jobs
-        margin = self._timing.lock_duration - (now - jobs.oldest(due))
+        margin = self._timing.lock_duration - (now - self._jobs.oldest(due))
         calls = -(-len(due) // self._max_batch)
         outcome: BatchOutcome | None = None
         failure: Exception | None = None
@@ -340,11 +345,17 @@ class LockManager(pykka.ThreadingActor):
         with _telemetry.tick_span(self.queue_name, len(due)) as span:
             try:
                 outcome = self._renewer(due, tokens)
-            except Exception as exc:
+                if not isinstance(outcome, BatchOutcome):
+                    raise TypeError(
+                        f"the renewer returned {type(outcome).__name__}, not a BatchOutcome"
+                    )
+            except BaseException as exc:
                 # Nothing is known to have run: keep every job and its stamp,
-                # so the very next tick tries them all again.
-                failure = exc
-                span.error(exc)
+                # so the very next tick tries them all again. A BaseException
+                # too: left to pykka, it would stop every actor of the process.
+                outcome = None
+                failure = exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
+                span.error(failure)
             else:
                 renewed, lost = self._apply(due, tokens, at, outcome)
                 span.finish(lost, calls)
@@ -353,7 +364,8 @@ class LockManager(pykka.ThreadingActor):
                     span.error(failure)
             span.lateness(reporter.counters.lateness_ms, margin)
         reporter.counters.tick(len(due), calls, (time.perf_counter() - started) * 1000)
-        # Callbacks run after the span: their time is theirs, not the tick's.
+        # Callbacks run after the span and the bookkeeping: their time is
+        # theirs, and whatever they do to the manager finds it consistent.
         if renewed:
             reporter.renewed(renewed, now, margin)
         if lost:
@@ -372,10 +384,12 @@ class LockManager(pykka.ThreadingActor):
             self._jobs.stamp(due, at)
             return due, []
         token_of = dict(zip(due, tokens, strict=True))
-        failed = set(outcome.failed)
+        # Only ids of this batch count: a renewer's report of any other is dropped.
+        failed = {job_id for job_id in outcome.failed if job_id in token_of}
         lost = [
             self._forget(job_id, outcome.reasons.get(job_id, EXPIRED), token_of[job_id])
-            for job_id in outcome.failed
+            for job_id in dict.fromkeys(outcome.failed)
+            if job_id in token_of
         ]
         for error in outcome.errors:
             failed.update(due[error.start : error.stop])
@@ -384,23 +398,30 @@ class LockManager(pykka.ThreadingActor):
         return renewed, lost
 
     def _forget(self, job_id: str, reason: Reason, token: str | None = None) -> LostLock:
-        """Untrack a job whose lock is lost; tell whoever asked to be told."""
+        """Untrack a job whose lock is lost; queue a word for whoever asked to be told."""
         entry = self._jobs.untrack(job_id)
         if entry is None:
             return LostLock(job_id, token or "", reason)
         held, watch = entry
         if watch is not None and watch.notify is not None:
+            self._notes.append((watch.notify, LockLost(job_id, token or held, reason)))
+        return LostLock(job_id, token or held, reason)
+
+    def _deliver(self) -> None:
+        # Told only once the tick's bookkeeping is done: a target that calls
+        # back in (untrack, track, queries) finds the manager consistent.
+        notes, self._notes = self._notes, []
+        for target, message in notes:
             try:
-                watch.notify.tell(LockLost(job_id, token or held, reason))
-            except Exception:
+                target.tell(message)
+            except BaseException:
                 logger.warning(
                     "LockManager for queue %r: could not tell %r that job %r lost its lock",
                     self.queue_name,
-                    watch.notify,
-                    job_id,
+                    target,
+                    message.job_id,
                     exc_info=True,
                 )
-        return LostLock(job_id, token or held, reason)
 
 
 _HANDLERS: dict[type, Callable[[LockManager, Any], Any]] = {

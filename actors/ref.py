@@ -22,7 +22,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pykka
-from pykka.messages import ProxyCall, ProxySetAttr
+from pykka.messages import ProxyCall, ProxyGetAttr, ProxySetAttr
 
 from actors.messages import (
     ExtendLocks,
@@ -125,13 +125,24 @@ class ManagerRef(pykka.ActorRef[Any]):
             pykka.Timeout: No answer within ``timeout`` seconds.
         """
         message = self._admit(message)
-        if isinstance(message, _MESSAGES) and self.on_own_thread():
+        if self.on_own_thread():
             if isinstance(message, ExtendLocks):
                 raise RuntimeError(
                     "a LockManager cannot wait for its own tick from its own thread (a "
                     "callback); tell it ExtendLocks() instead"
                 )
-            return _answer(self._core.handle(message), block)
+            if isinstance(message, _MESSAGES):
+                return _answer(self._core.handle(message), block)
+            if isinstance(message, ProxyGetAttr):
+                return _answer(getattr(self._core, message.attr_path[0]), block)
+            if isinstance(message, ProxyCall):  # stop(): after the current message
+                super().tell(message)
+                return _answer(None, block)
+            if block:
+                raise RuntimeError(
+                    f"a LockManager cannot wait for its own answer to {message!r} from its "
+                    "own thread (a callback)"
+                )
         if not self.is_alive():
             return _failure(self.stopped_error(), block)
         try:
@@ -175,6 +186,8 @@ class ManagerRef(pykka.ActorRef[Any]):
             kind = _OPERATIONS.get(path[0]) if len(path) == 1 else None
             if kind is None:
                 if path == ("stop",):
+                    if message.args or message.kwargs:
+                        raise TypeError("stop() takes no arguments through a proxy")
                     return message
                 raise AttributeError(
                     f"LockManager has no operation {'.'.join(path)!r} for a proxy to call; "
@@ -183,6 +196,13 @@ class ManagerRef(pykka.ActorRef[Any]):
             return self._admit(kind(*message.args, **message.kwargs))
         if isinstance(message, ProxySetAttr):
             raise AttributeError("a LockManager's attributes cannot be set through a proxy")
+        if isinstance(message, ProxyGetAttr):
+            path = message.attr_path
+            if len(path) != 1 or path[0].startswith("_") or not hasattr(self._core, path[0]):
+                raise AttributeError(
+                    f"a proxy can read only a LockManager's public attributes, not "
+                    f"{'.'.join(path)!r}"
+                )
         return message
 
 

@@ -9,13 +9,18 @@ the grid alone.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Protocol
 
+import pykka
+
 from actors.schedule import monotonic_ms
 
 __all__ = ["ManualTimer", "ThreadTimer", "Timer", "TimerFactory"]
+
+logger = logging.getLogger(__name__)
 
 
 class Timer(Protocol):
@@ -91,8 +96,12 @@ class ThreadTimer:
                 self._deadline = None
                 try:
                     self._fire(deadline)
-                except Exception:  # the manager is gone: nothing left to tick
-                    return
+                except pykka.ActorDeadError:
+                    return  # the manager is gone: nothing left to tick
+                except Exception:
+                    # Anything else is a fault of one fire: the manager is
+                    # alive, so say so and keep the timer.
+                    logger.exception("%s: a timer fire failed", self._thread.name)
 
 
 class ManualTimer:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import pykka
 import pytest
@@ -17,7 +18,7 @@ import redis
 
 from actors import (
     ExtendLocks,
-    LockManager,
+    ManagerRef,
     ManagerStopped,
     QueueKeys,
     TrackJob,
@@ -36,7 +37,7 @@ KEYS = QueueKeys("hardening")
 TTL = 400  # ms: renew window 200 ms, interval 100 ms
 
 
-def _manager(client: redis.Redis, **options: object) -> pykka.ActorRef[LockManager]:
+def _manager(client: redis.Redis, **options: object) -> ManagerRef:
     options.setdefault("lock_duration", TTL)
     return start_link(connection=client, keys=KEYS, **options)  # type: ignore[arg-type]
 
@@ -79,7 +80,7 @@ def test_every_door_refuses_bad_input_at_the_caller_and_the_manager_lives(
     tokens = take_locks(redis_client, KEYS, ["good"], TTL)
     track_job(manager, "good", tokens["good"])
     proxy = manager.proxy()
-    doors = [
+    doors: list[Callable[[], object]] = [
         lambda: track_job(manager, *bad),  # type: ignore[arg-type]
         lambda: manager.tell(TrackJob(*bad)),  # type: ignore[arg-type]
         lambda: proxy.track_job(*bad),
@@ -119,7 +120,7 @@ def test_a_callback_that_queries_its_own_manager_gets_answers_at_once(
     # Defect 4: a callback asking its own manager waited forever.
     answers: list[object] = []
     done = threading.Event()
-    holder: list[pykka.ActorRef[LockManager]] = []
+    holder: list[ManagerRef] = []
 
     def on_renewed(ids: list[str]) -> None:
         manager = holder[0]
@@ -193,12 +194,12 @@ def test_concurrent_stops_all_return(redis_client: redis.Redis) -> None:
     for _ in range(20):
         manager = _manager(redis_client)
         returned: list[bool] = []
-        threads = [
-            threading.Thread(
-                target=lambda m=manager, r=returned: r.append(stop(m, timeout=5) is None)
-            )
-            for _ in range(8)
-        ]
+
+        def stop_it(m: ManagerRef = manager, r: list[bool] = returned) -> None:
+            stop(m, timeout=5)
+            r.append(True)
+
+        threads = [threading.Thread(target=stop_it) for _ in range(8)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -328,7 +329,7 @@ def test_a_lock_key_of_another_type_is_one_lost_job_and_the_rest_are_renewed(
         track_job(manager, job_id, token)
     engine_client.delete(KEYS.lock("b"))
     engine_client.hset(KEYS.lock("b"), "holder", "someone")
-    wait_for(lambda: recorder.lost(), 4 * TTL / 1000, "the loss of b")
+    wait_for(recorder.lost, 4 * TTL / 1000, "the loss of b")
     seen = watch_locks(engine_client, KEYS, {"a": tokens["a"], "c": tokens["c"]}, 3 * TTL / 1000)
     assert seen.missing == set()
     assert [(item.job_id, item.reason) for item in recorder.lost()] == [("b", "stolen")]
