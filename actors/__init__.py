@@ -16,7 +16,7 @@ The layers, each importing only from those above it in this list: pure logic
 :mod:`~actors.jobs`); Redis I/O (:mod:`~actors.connection`,
 :mod:`~actors.scripts`, :mod:`~actors.renewer`); the actor
 (:mod:`~actors.timer`, :mod:`~actors.ref`, :mod:`~actors.lock_manager`,
-:mod:`~actors.api`, :mod:`~actors.aio`, :mod:`~actors.lease`); tools
+:mod:`~actors.api`, :mod:`~actors.aio`, :mod:`~actors.leases`); tools
 (:mod:`~actors.cli`, :mod:`~actors.embedded`, :mod:`~actors.bullmq`).
 ``tests/unit/test_layers.py`` keeps it so.
 
@@ -41,6 +41,7 @@ from actors.api import (
     untrack_job,
 )
 from actors.keys import DEFAULT_PREFIX, QueueKeys
+from actors.leases import Lease, lease
 from actors.lock_manager import LockManager
 from actors.lost import LockLost, LostLock
 from actors.messages import (
@@ -72,9 +73,11 @@ __all__ = [  # noqa: RUF022 (grouped by purpose, as pykka does)
     "stop",
     "track_job",
     "untrack_job",
-    # Lost locks
+    # Leases and lost locks
+    "Lease",
     "LockLost",
     "LostLock",
+    "lease",
     # Messages (the low-level door)
     "ExtendLocks",
     "GetActiveJobCount",

@@ -155,6 +155,7 @@ def untrack_job(
     manager: ManagerRef,
     job_id: str,
     *,
+    token: str | None = None,
     wait: bool = False,
     timeout: float | None = None,
 ) -> None:
@@ -168,6 +169,8 @@ def untrack_job(
     Args:
         manager: The manager.
         job_id: The job's id.
+        token: Untrack only the lock holding this token: a newer lock of the
+            same job (tracked since with another token) stays tracked.
         wait: Wait until the manager has untracked the job.
         timeout: With ``wait``, the most seconds to wait.
 
@@ -177,7 +180,7 @@ def untrack_job(
         pykka.Timeout: With ``wait``, no answer within ``timeout`` seconds.
     """
     manager = _manager(manager)
-    message = UntrackJob(job_id)
+    message = UntrackJob(job_id, token)
     if not wait:
         _send(manager, message, "untrack_job")
         return

@@ -82,12 +82,18 @@ class JobTable:
             self.watches[job_id] = Watch(notify, deadline)
         return fresh
 
-    def untrack(self, job_id: str) -> tuple[str, Watch | None] | None:
-        """Forget a job; return its token and watch, or ``None`` if it was not tracked."""
-        token = self.tokens.pop(job_id, None)
-        if token is None:
+    def untrack(self, job_id: str, token: str | None = None) -> tuple[str, Watch | None] | None:
+        """Forget a job (only if it holds ``token``, when given).
+
+        Returns:
+            Its token and watch, or ``None`` if it was not tracked (with that token).
+        """
+        held = self.tokens.get(job_id)
+        if held is None or (token is not None and token != held):
             return None
+        del self.tokens[job_id]
         del self.stamps[job_id]
+        token = held
         return token, self.watches.pop(job_id, None)
 
     def ids(self) -> list[str]:
@@ -95,8 +101,23 @@ class JobTable:
         return list(self.tokens)
 
     def due(self, now: int, threshold: int) -> tuple[list[str], list[str]]:
-        """Return the due ids (``ts + threshold < now``) and their tokens, in tracking order."""
-        due = select_due(self.stamps, now, threshold)
+        """Return the due ids and their tokens.
+
+        A job is due when ``ts + threshold < now``; a job somebody waits on
+        (a ``notify`` target: a lease, a job actor) is checked at every tick,
+        ``ts < now``, so that a lost lock is found within one interval: those
+        jobs cost twice the renewals of the others, the price of being told
+        in time.
+        """
+        stamps = self.stamps
+        due = select_due(stamps, now, threshold)
+        if self.watches:
+            cutoff = now - threshold
+            due.extend(
+                job_id
+                for job_id, watch in self.watches.items()
+                if watch.notify is not None and cutoff <= stamps[job_id] < now
+            )
         tokens = self.tokens
         return due, [tokens[job_id] for job_id in due]
 

@@ -250,7 +250,7 @@ class LockManager(pykka.ThreadingActor):
         self._jobs.track(job_id, token, ts, message.notify, max_hold)
 
     def _on_untrack(self, message: UntrackJob) -> None:
-        self._jobs.untrack(message.job_id)
+        self._jobs.untrack(message.job_id, message.token)
 
     def _stats(self) -> Stats:
         return self._reporter.counters.snapshot(self.queue_name, len(self._jobs), self.clock())
@@ -270,9 +270,9 @@ class LockManager(pykka.ThreadingActor):
         """Renew ``job_id``'s lock, held with ``token`` (see :class:`~actors.TrackJob`)."""
         self._guarded(TrackJob, job_id, token, ts, notify, max_hold)
 
-    def untrack_job(self, job_id: str) -> None:
-        """Stop renewing ``job_id``'s lock; an unknown id is ignored."""
-        self._guarded(UntrackJob, job_id)
+    def untrack_job(self, job_id: str, token: str | None = None) -> None:
+        """Stop renewing ``job_id``'s lock (only the one holding ``token``, if given)."""
+        self._guarded(UntrackJob, job_id, token)
 
     def get_active_job_count(self) -> int:
         """Return how many jobs are tracked."""

@@ -79,9 +79,14 @@ class UntrackJob:
 
     #: The job's id.
     job_id: str
+    #: Untrack only the lock holding this token (a later lock of the job stays);
+    #: ``None`` untracks whatever lock the job holds.
+    token: str | None = None
 
     def __post_init__(self) -> None:
         require_text(self.job_id, "job_id")
+        if self.token is not None:
+            require_text(self.token, "token")
 
 
 @dataclass(frozen=True, slots=True)

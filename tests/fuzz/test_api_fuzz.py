@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pykka
@@ -81,7 +82,7 @@ def _hostile_call(manager: Any, door: str, operation: str, args: list[Any]) -> N
         "get_stats": GetStats,
         "extend_locks": ExtendLocks,
     }
-    helpers = {
+    helpers: dict[str, Callable[..., object]] = {
         "track_job": track_job,
         "untrack_job": untrack_job,
         "is_tracked": is_tracked,

@@ -334,3 +334,20 @@ def test_a_lock_key_of_another_type_is_one_lost_job_and_the_rest_are_renewed(
     assert seen.missing == set()
     assert [(item.job_id, item.reason) for item in recorder.lost()] == [("b", "stolen")]
     assert sorted(get_tracked_job_ids(manager)) == ["a", "c"]
+
+
+def test_untracking_an_old_lock_by_its_token_leaves_the_new_one_tracked(
+    redis_client: redis.Redis,
+) -> None:
+    # A lease (or a worker) releasing its old lock must not untrack the job's
+    # newer lock, taken since with another token.
+    manager = _manager(redis_client)
+    track_job(manager, "a", "old-token")
+    redis_client.set(KEYS.lock("a"), "new-token", px=TTL)
+    track_job(manager, "a", "new-token")
+    untrack_job(manager, "a", token="old-token", wait=True)
+    assert is_tracked(manager, "a")
+    seen = watch_locks(redis_client, KEYS, {"a": "new-token"}, seconds=3 * TTL / 1000)
+    assert seen.missing == set()
+    untrack_job(manager, "a", token="new-token", wait=True)
+    assert not is_tracked(manager, "a")

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "actors"
 LAYERS = [
     ["validation", "keys", "schedule", "messages", "lost", "stats", "jobs"],
     ["connection", "scripts", "renewer"],
-    ["_telemetry", "timer", "ref", "report", "lock_manager", "api", "aio", "lease"],
+    ["_telemetry", "timer", "ref", "report", "lock_manager", "api", "aio", "leases"],
     ["embedded", "cli", "__main__", "bullmq"],
 ]
 ORDER = {name: (layer, i) for layer, names in enumerate(LAYERS) for i, name in enumerate(names)}
@@ -33,9 +33,7 @@ def _imported(path: Path) -> set[str]:
                 found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.Import):
             found.update(
-                alias.name.split(".")[1]
-                for alias in node.names
-                if alias.name.startswith("actors.")
+                alias.name.split(".")[1] for alias in node.names if alias.name.startswith("actors.")
             )
     return found
 

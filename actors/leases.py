@@ -1,0 +1,388 @@
+"""Leases: a job holds its lock for the length of a block, and learns when it is lost.
+
+A lease tracks the job with its manager on entry and untracks it on exit,
+waiting until the manager has let it go (so no tick already queued can find
+the released lock gone and report it lost). The manager tells the lease,
+once, if the lock is lost while the job runs; the job's code sees it at once,
+however it prefers to look::
+
+    with actors.lease(manager, job_id, token) as held:
+        for step in steps:
+            held.check()            # raises LockLost once the lock is lost
+            do(step)
+
+    async with actors.lease(manager, job_id, token) as held:
+        work = asyncio.ensure_future(do_work())
+        await asyncio.wait({work, asyncio.ensure_future(held.wait_async())},
+                           return_when=asyncio.FIRST_COMPLETED)
+        if held.lost:
+            work.cancel()           # another worker owns the job now
+
+A leased lock is checked (and renewed) at every tick, not every other tick
+as a plain tracked job's: a lock stolen or deleted behind the job's back is
+found by the next tick, within one interval, and the job learns it in that
+same tick. A job held past ``max_hold`` learns it at the first tick after its
+deadline, and a job whose manager stops learns it as the manager stops.
+
+Leaving the block never raises for a lost lock: what to do about it (stop,
+roll back, log) is the job's decision. Leaving untracks only the lease's own
+lock (by its token): a newer lock of the same job stays tracked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import pykka
+
+from actors import aio
+from actors.api import untrack_job
+from actors.lost import MANAGER_STOPPED, LockLost
+from actors.messages import TrackJob
+from actors.ref import ManagerRef
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from actors.lost import Reason
+
+__all__ = ["Lease", "lease"]
+
+logger = logging.getLogger(__name__)
+
+_L = TypeVar("_L", bound="Lease")
+
+# A lease's life: built, entered (the manager renews its lock), left.
+_NEW, _HELD, _CLOSED = "new", "held", "closed"
+
+
+class Lease:
+    """One job's hold on its lock, for a ``with`` or ``async with`` block.
+
+    Build it with :func:`lease`. While the block runs the manager renews the
+    lock; if the lock is lost the manager tells the lease (through its
+    :meth:`tell`, like any actor) and :attr:`lost`, :attr:`reason`,
+    :meth:`check`, :meth:`wait` and :meth:`wait_async` all say so at once.
+
+    Args:
+        manager: The manager, as :func:`actors.start_link` returned it.
+        job_id: The job's id.
+        token: The value the job's lock holds for this worker.
+        max_hold: Most milliseconds the manager keeps renewing this lock
+            (the manager's own ``max_hold`` when ``None``); past it the lease
+            is lost with the reason ``"max_hold"``.
+        ts: When the lock was taken, in the manager's monotonic milliseconds;
+            when the lease is entered if ``None``.
+
+    Raises:
+        TypeError: ``manager`` is not a manager's reference, or an argument
+            has the wrong type.
+        ValueError: ``job_id`` or ``token`` is empty, too long or not UTF-8;
+            ``max_hold`` is out of range.
+    """
+
+    def __init__(
+        self,
+        manager: ManagerRef,
+        job_id: str,
+        token: str,
+        max_hold: int | None = None,
+        *,
+        ts: int | None = None,
+    ) -> None:
+        if not isinstance(manager, ManagerRef):
+            raise TypeError(
+                "manager must be the reference start_link (or LockManager.start) returned, "
+                f"got {type(manager).__name__}"
+            )
+        # The message checks every argument, here in the caller's thread.
+        self._message = TrackJob(job_id, token, ts, self, max_hold)
+        self._manager = manager
+        self._lock = threading.Lock()
+        self._state = _NEW
+        self._lost: LockLost | None = None
+        # Set once nothing can change any more: the lock is lost, or the lease is left.
+        self._done = threading.Event()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        # The manager's answer to the TrackJob: until it comes, a manager that
+        # stops may drop the message and never tell this lease anything.
+        self._tracked: pykka.Future[Any] | None = None
+
+    @property
+    def job_id(self) -> str:
+        """The job's id."""
+        return self._message.job_id
+
+    @property
+    def token(self) -> str:
+        """The token of the lock this lease holds."""
+        return self._message.token
+
+    @property
+    def max_hold(self) -> int | None:
+        """The lease's own hold limit in milliseconds, or ``None``."""
+        return self._message.max_hold
+
+    @property
+    def lost(self) -> bool:
+        """Whether the lock was lost while the lease was held (for any reason)."""
+        return self._current() is not None
+
+    @property
+    def reason(self) -> Reason | None:
+        """Why the lock was lost, or ``None`` while it is not.
+
+        ``"stolen"`` (it holds another worker's token), ``"expired"`` (the key
+        is gone), ``"max_hold"`` (held past ``max_hold``) or
+        ``"manager_stopped"`` (nobody renews it any more).
+        """
+        lost = self._current()
+        return None if lost is None else lost.reason
+
+    def check(self) -> None:
+        """Raise :class:`~actors.LockLost` if the lock is lost; return otherwise.
+
+        Call it between steps of the work: it costs no round trip.
+
+        Raises:
+            LockLost: The lock is lost; carries ``job_id``, ``token`` and ``reason``.
+        """
+        lost = self._current()
+        if lost is not None:
+            raise LockLost(lost.job_id, lost.token, lost.reason)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the lock is lost or the lease is left, like ``threading.Event.wait``.
+
+        For a watchdog thread beside the job. Not for asyncio code: await
+        :meth:`wait_async` there instead.
+
+        Args:
+            timeout: Most seconds to wait; ``None`` waits as long as it takes.
+
+        Returns:
+            Whether the lock is lost (``False`` on timeout, or when the lease
+            was left with its lock held).
+
+        Raises:
+            RuntimeError: The lease was never entered.
+        """
+        self._require_entered()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self._current() is None and self._tracked is not None:
+            self._settle(timeout)
+        if self._current() is None:
+            self._done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return self._current() is not None
+
+    async def wait_async(self, timeout: float | None = None) -> bool:
+        """Await until the lock is lost or the lease is left; the loop keeps running.
+
+        Args:
+            timeout: Most seconds to wait; ``None`` waits as long as it takes.
+
+        Returns:
+            Whether the lock is lost (``False`` on timeout, or when the lease
+            was left with its lock held).
+
+        Raises:
+            RuntimeError: The lease was never entered.
+        """
+        self._require_entered()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._until_done(), timeout)
+        return self._current() is not None
+
+    async def _until_done(self) -> None:
+        if self._current() is None:
+            await self._settle_async()
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._done.is_set():
+                return
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters.append((loop, waiter))
+        try:
+            await waiter
+        finally:
+            with self._lock, contextlib.suppress(ValueError):
+                self._waiters.remove((loop, waiter))
+
+    def tell(self, message: Any) -> None:
+        """Take a message from the manager: the :class:`~actors.LockLost` of this lock.
+
+        Thread-safe and never blocks. The first loss is kept; a later one, a
+        loss of another lock, or one after the lease was left is ignored.
+
+        Args:
+            message: What the manager tells.
+        """
+        if (
+            isinstance(message, LockLost)
+            and message.job_id == self.job_id
+            and message.token == self.token
+        ):
+            self._lose(message)
+        else:
+            logger.warning("lease of job %r ignored %r", self.job_id, message)
+
+    # -- entering and leaving ---------------------------------------------
+
+    def __enter__(self: _L) -> _L:
+        self._enter()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if self._current() is None:
+                # Waits for the manager: no tick runs on this lock after it returns.
+                untrack_job(self._manager, self.job_id, token=self.token, wait=True)
+            self._settle(None)
+        finally:
+            self._close()
+
+    async def __aenter__(self: _L) -> _L:
+        self._enter()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if self._current() is None:
+                await aio.untrack_job(self._manager, self.job_id, token=self.token)
+            await self._settle_async()
+        finally:
+            self._close()
+
+    def _enter(self) -> None:
+        with self._lock:
+            if self._state is not _NEW:
+                raise RuntimeError(f"the lease of job {self.job_id!r} was already entered")
+            self._state = _HELD
+        # Asked rather than told: the answer says whether the manager took
+        # the job, or stopped before it could (then it tells nobody).
+        self._tracked = self._manager.ask(self._message, block=False)
+
+    def _require_entered(self) -> None:
+        if self._state is _NEW:
+            raise RuntimeError(f"the lease of job {self.job_id!r} was not entered")
+
+    # -- state ---------------------------------------------------------------
+
+    def _current(self) -> LockLost | None:
+        """The loss, after looking at what the manager may not be able to say."""
+        if self._lost is None and self._state is _HELD:
+            if self._tracked is not None:
+                self._settle(0)
+            if self._lost is None and not self._manager.is_alive():
+                # Stopped (or crashed): nobody renews the lock from now on.
+                self._lose(LockLost(self.job_id, self.token, MANAGER_STOPPED))
+        return self._lost
+
+    def _settle(self, timeout: float | None) -> None:
+        """Read the manager's answer to the TrackJob, waiting up to ``timeout`` seconds."""
+        tracked = self._tracked
+        if tracked is None:
+            return
+        try:
+            tracked.get(timeout=timeout)
+        except pykka.Timeout:
+            return
+        except pykka.ActorDeadError:
+            self._lose(LockLost(self.job_id, self.token, MANAGER_STOPPED))
+        self._tracked = None
+
+    async def _settle_async(self) -> None:
+        """Await the manager's answer to the TrackJob without blocking the loop."""
+        tracked = self._tracked
+        if tracked is None:
+            return
+        with contextlib.suppress(pykka.ActorDeadError):
+            await aio.answer(self._manager, tracked)
+        self._settle(0)
+
+    def _lose(self, lost: LockLost) -> None:
+        with self._lock:
+            if self._lost is not None or self._state is not _HELD:
+                return
+            self._lost = lost
+        self._finish()
+
+    def _close(self) -> None:
+        with self._lock:
+            self._state = _CLOSED
+        self._finish()
+
+    def _finish(self) -> None:
+        # Set under the lock: a task that registers after this finds it set.
+        with self._lock:
+            self._done.set()
+            waiters, self._waiters = self._waiters, []
+        for loop, waiter in waiters:
+            # The loop may have closed since; its waiter has nobody to wake.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_wake, waiter)
+
+    def __repr__(self) -> str:
+        return (
+            f"Lease({self.job_id!r}, state={self._state}, "
+            f"reason={None if self._lost is None else self._lost.reason!r})"
+        )
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def lease(
+    manager: ManagerRef,
+    job_id: str,
+    token: str,
+    max_hold: int | None = None,
+    *,
+    ts: int | None = None,
+) -> Lease:
+    """Hold ``job_id``'s lock for a ``with`` (or ``async with``) block.
+
+    Entering tracks the job with ``manager`` (returning at once); leaving
+    untracks it and waits until the manager has let it go. Inside, the lease
+    says whether the lock was lost and why (see :class:`Lease`).
+
+    Example:
+        >>> with lease(manager, "42", token) as held:
+        ...     held.check()          # raises LockLost once the lock is lost
+
+    Args:
+        manager: The manager, as :func:`actors.start_link` returned it.
+        job_id: The job's id.
+        token: The value the job's lock holds for this worker.
+        max_hold: Most milliseconds the manager keeps renewing this lock;
+            the manager's own ``max_hold`` when ``None``.
+        ts: When the lock was taken, in the manager's monotonic milliseconds
+            (``time.monotonic_ns() // 1_000_000``); when entered if ``None``.
+
+    Returns:
+        The lease, not yet entered.
+
+    Raises:
+        TypeError: ``manager`` is not a manager's reference, or an argument
+            has the wrong type.
+        ValueError: ``job_id`` or ``token`` is empty, too long or not UTF-8;
+            ``max_hold`` is out of range.
+    """
+    return Lease(manager, job_id, token, max_hold, ts=ts)

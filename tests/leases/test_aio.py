@@ -1,0 +1,279 @@
+"""asyncio code awaits the manager without stopping its event loop.
+
+The manager is made busy with a real tick of 100,000 due jobs whose renewal
+call is held at a gate (an in-memory lock table through the ``renewer=``
+seam), for a fixed time. Meanwhile a ticker task measures how regularly the
+loop turns. Awaiting the queries of :mod:`actors.aio` leaves it turning;
+awaiting pykka's own future (whose ``__await__`` calls the blocking ``get``)
+stops it for the whole hold: that second case shows the measure can fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pykka
+import pytest
+import redis
+
+import actors
+from actors import ExtendLocks, GetStats, ManagerRef, ManagerStopped, QueueKeys, TrackJob, aio
+from tests.conftest import Server
+from tests.leases.tools import LOCK_MS, LockTable
+from tests.support import ManualTimers, take_locks
+
+KEYS = QueueKeys("aio")
+JOBS = 100_000
+#: How long the renewal call of the busy tick is held, in seconds.
+HOLD_S = 0.5
+#: The ticker's period, in seconds.
+PERIOD_S = 0.01
+#: The longest gap between two turns of a loop that is never blocked: ten
+#: periods, room for the GIL being busy with the 100k-job bookkeeping.
+TURN_BOUND_S = 10 * PERIOD_S
+
+
+@pytest.fixture
+def table() -> LockTable:
+    return LockTable(gated=True)
+
+
+def _busy(table: LockTable, jobs: int) -> ManagerRef:
+    """A manager in the middle of a tick of ``jobs`` due jobs, held at the gate."""
+    manager = actors.start_link(renewer=table, keys=KEYS, timer=ManualTimers())
+    for n in range(jobs):
+        job_id = f"job-{n}"
+        table.held[job_id] = "token"
+        # Taken long ago: every job is due at the first tick.
+        manager.tell(TrackJob(job_id, "token", ts=0))
+    manager.tell(ExtendLocks())
+    assert table.entered.wait(30), "the tick never reached the renewer"
+    return manager
+
+
+@pytest.fixture
+def busy(table: LockTable) -> Iterator[ManagerRef]:
+    """A manager busy with a tick of 100,000 jobs."""
+    manager = _busy(table, JOBS)
+    yield manager
+    table.gate.set()
+    actors.stop(manager)
+
+
+@pytest.fixture
+def busy_small(table: LockTable) -> Iterator[ManagerRef]:
+    """A manager busy with a tick of a few jobs: as busy, for as long."""
+    manager = _busy(table, 3)
+    yield manager
+    table.gate.set()
+    actors.stop(manager)
+
+
+def _ticking(
+    gate: threading.Event, wait: Callable[[], Awaitable[Any]]
+) -> tuple[Any, list[float], float, float]:
+    """Run ``wait`` beside a ticker while the gate opens ``HOLD_S`` from now.
+
+    Returns what ``wait`` returned, the ticker's gaps (seconds), when the gate
+    opened and when ``wait`` returned (monotonic seconds).
+    """
+    opened: list[float] = []
+
+    def open_gate() -> None:
+        opened.append(time.monotonic())
+        gate.set()
+
+    async def main() -> tuple[Any, list[float], float]:
+        gaps: list[float] = []
+        done = asyncio.Event()
+
+        async def ticker() -> None:
+            last = time.monotonic()
+            while not done.is_set():
+                await asyncio.sleep(PERIOD_S)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        task = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0)
+        # A thread opens the gate: it must open even when the loop is stuck.
+        threading.Timer(HOLD_S, open_gate).start()
+        result = await wait()
+        answered_at = time.monotonic()
+        done.set()
+        await task
+        return result, gaps, answered_at
+
+    result, gaps, answered_at = asyncio.run(main())
+    return result, gaps, opened[0], answered_at
+
+
+def test_the_loop_keeps_turning_while_the_queries_wait_for_a_busy_manager(
+    busy: ManagerRef, table: LockTable
+) -> None:
+    # Given a manager busy with a tick of 100,000 jobs,
+    # when a task awaits every query and an untrack while the tick goes on
+    async def queries() -> tuple[Any, ...]:
+        return tuple(
+            await asyncio.gather(
+                aio.get_stats(busy),
+                aio.get_active_job_count(busy),
+                aio.get_tracked_job_ids(busy),
+                aio.is_tracked(busy, "job-7"),
+                aio.untrack_job(busy, "job-7"),
+                aio.is_tracked(busy, "job-7"),
+            )
+        )
+
+    result, gaps, opened_at, answered_at = _ticking(table.gate, queries)
+
+    # then they were answered only after the tick, with the state it left,
+    stats, count, ids, before, _, after = result
+    assert answered_at >= opened_at
+    assert stats.last_batch == JOBS and stats.renewed == JOBS
+    assert count == JOBS and len(ids) == JOBS
+    assert (before, after) == (True, False)
+    # and the loop kept turning all along
+    assert len(gaps) >= 0.5 * HOLD_S / PERIOD_S
+    assert max(gaps) <= TURN_BOUND_S, f"the loop stood still for {max(gaps) * 1000:.0f} ms"
+
+
+def test_awaiting_pykkas_own_future_stops_the_loop(
+    busy_small: ManagerRef, table: LockTable
+) -> None:
+    # Given a busy manager, when a task awaits pykka's future directly
+    async def blocking() -> Any:
+        return await busy_small.ask(GetStats(), block=False)
+
+    stats, gaps, opened_at, answered_at = _ticking(table.gate, blocking)
+
+    # then the loop stood still until the tick was over
+    assert stats.last_batch == 3
+    assert answered_at >= opened_at
+    assert max(gaps) >= 0.8 * HOLD_S
+
+
+def test_a_timeout_raises_pykka_timeout(busy_small: ManagerRef) -> None:
+    async def main() -> float:
+        started = time.monotonic()
+        with pytest.raises(pykka.Timeout):
+            await aio.get_stats(busy_small, timeout=0.05)
+        with pytest.raises(pykka.Timeout):
+            await aio.untrack_job(busy_small, "job-1", timeout=0.05)
+        return time.monotonic() - started
+
+    assert asyncio.run(main()) < HOLD_S
+
+
+def test_many_waiting_questions_share_one_answer_thread(
+    busy_small: ManagerRef, table: LockTable
+) -> None:
+    before = set(threading.enumerate())
+
+    async def main() -> tuple[list[int], int]:
+        # Given two hundred tasks waiting on the busy manager at once
+        asking = [asyncio.ensure_future(aio.get_active_job_count(busy_small)) for _ in range(200)]
+        await asyncio.sleep(0)
+        threads = [
+            t
+            for t in set(threading.enumerate()) - before
+            if t.name.startswith("LockManager-answers")
+        ]
+        table.gate.set()
+        return list(await asyncio.gather(*asking)), len(threads)
+
+    counts, threads = asyncio.run(main())
+    # then one thread waited for all their answers, and each got its own
+    assert threads == 1
+    assert counts == [3] * 200
+
+
+def test_a_question_left_in_a_stopping_managers_mailbox_gets_manager_stopped(
+    table: LockTable,
+) -> None:
+    # Given a manager busy with a tick, told to stop after it,
+    manager = actors.start_link(renewer=table, keys=KEYS, timer=ManualTimers())
+    manager.tell(TrackJob("job-1", "token", ts=0))
+    manager.tell(ExtendLocks())
+    assert table.entered.wait(10)
+    manager.stop(block=False)
+
+    async def main() -> None:
+        # when a task asks it something that lands behind the stop
+        asking = asyncio.ensure_future(aio.get_stats(manager))
+        untracking = asyncio.ensure_future(aio.untrack_job(manager, "job-1"))
+        await asyncio.sleep(0)
+        table.gate.set()
+        # then the question gets the stopped manager's error, not a bare
+        # ActorDeadError, and the untrack is simply done
+        with pytest.raises(ManagerStopped, match="queue 'aio' is stopped"):
+            await asking
+        await untracking
+
+    asyncio.run(main())
+
+
+@pytest.fixture
+def manager(server: Server, redis_client: redis.Redis) -> Iterator[ManagerRef]:
+    manager = actors.start_link(connection=server.url, keys=KEYS, lock_duration=LOCK_MS)
+    yield manager
+    actors.stop(manager)
+
+
+def test_the_queries_answer_as_the_helpers_do(
+    manager: ManagerRef, redis_client: redis.Redis
+) -> None:
+    tokens = take_locks(redis_client, KEYS, ["a", "b", "c"], LOCK_MS)
+    for job_id, token in tokens.items():
+        actors.track_job(manager, job_id, token)
+
+    async def main() -> tuple[Any, ...]:
+        await aio.untrack_job(manager, "b")
+        return (
+            await aio.get_active_job_count(manager),
+            sorted(await aio.get_tracked_job_ids(manager)),
+            await aio.is_tracked(manager, "a"),
+            await aio.is_tracked(manager, "b"),
+            (await aio.get_stats(manager)).tracked,
+            await aio.ask(manager, actors.GetActiveJobCount()),
+        )
+
+    assert asyncio.run(main()) == (2, ["a", "c"], True, False, 2, 2)
+    assert actors.get_tracked_job_ids(manager) == ["a", "c"]
+
+
+def test_a_stopped_manager(manager: ManagerRef, caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        await aio.stop(manager)
+        await aio.stop(manager)  # idempotent
+        for query in (aio.get_stats, aio.get_active_job_count, aio.get_tracked_job_ids):
+            with pytest.raises(ManagerStopped):
+                await query(manager)
+        with pytest.raises(ManagerStopped):
+            await aio.is_tracked(manager, "a")
+        # A stopped manager tracks nothing: untracking is done, with one warning.
+        await aio.untrack_job(manager, "a")
+        await aio.untrack_job(manager, "b")
+
+    with caplog.at_level(logging.WARNING, logger="actors"):
+        asyncio.run(main())
+    assert len([r for r in caplog.records if "is stopped" in r.getMessage()]) == 1
+
+
+def test_bad_arguments_raise_in_the_callers_task(manager: ManagerRef) -> None:
+    async def main() -> None:
+        with pytest.raises(TypeError, match="manager must be"):
+            await aio.get_stats("redis://localhost")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="job_id"):
+            await aio.untrack_job(manager, "")
+        with pytest.raises(TypeError, match="job_id"):
+            await aio.is_tracked(manager, 42)  # type: ignore[arg-type]
+
+    asyncio.run(main())
+    assert actors.get_active_job_count(manager) == 0
