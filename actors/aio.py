@@ -37,7 +37,7 @@ from actors.messages import (
     IsTracked,
     UntrackJob,
 )
-from actors.ref import ManagerRef, ManagerStopped
+from actors.ref import ManagerRef, ManagerStopped, require_manager
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -188,15 +188,6 @@ async def answer(
         raise pykka.Timeout(f"{timeout} seconds") from None
 
 
-def _manager(manager: object) -> ManagerRef:
-    if not isinstance(manager, ManagerRef):
-        raise TypeError(
-            "manager must be the reference start_link (or LockManager.start) returned, "
-            f"got {type(manager).__name__}"
-        )
-    return manager
-
-
 async def ask(manager: ManagerRef, message: Any, *, timeout: float | None = None) -> Any:
     """Send ``message`` to ``manager`` and await its answer.
 
@@ -215,7 +206,7 @@ async def ask(manager: ManagerRef, message: Any, *, timeout: float | None = None
         ManagerStopped: The manager is stopped, or stopped before answering.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    ref = _manager(manager)
+    ref = require_manager(manager)
     try:
         return await answer(ref, ref.ask(message, block=False), timeout=timeout)
     except ManagerStopped:
@@ -245,7 +236,7 @@ async def untrack_job(
         ValueError: ``job_id`` is empty, too long or not UTF-8.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    ref = _manager(manager)
+    ref = require_manager(manager)
     message = UntrackJob(job_id, token)
     try:
         await ask(ref, message, timeout=timeout)
@@ -306,6 +297,6 @@ async def stop(manager: ManagerRef, *, timeout: float | None = None) -> None:
     Raises:
         pykka.Timeout: Not stopped within ``timeout`` seconds.
     """
-    ref = _manager(manager)
+    ref = require_manager(manager)
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, functools.partial(api.stop, ref, timeout=timeout))

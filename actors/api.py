@@ -19,7 +19,7 @@ from actors.messages import (
     TrackJob,
     UntrackJob,
 )
-from actors.ref import ManagerRef, ManagerStopped
+from actors.ref import ManagerRef, ManagerStopped, require_manager
 from actors.schedule import DEFAULT_LOCK_DURATION
 from actors.scripts import DEFAULT_MAX_BATCH
 
@@ -95,15 +95,6 @@ def start_link(
     return ref
 
 
-def _manager(manager: object) -> ManagerRef:
-    if not isinstance(manager, ManagerRef):
-        raise TypeError(
-            "manager must be the reference start_link (or LockManager.start) returned, "
-            f"got {type(manager).__name__}"
-        )
-    return manager
-
-
 def _send(manager: ManagerRef, message: object, what: str) -> None:
     try:
         manager.tell(message)
@@ -148,7 +139,7 @@ def track_job(
         ValueError: ``job_id`` or ``token`` is empty, too long or not UTF-8;
             ``max_hold`` is out of range.
     """
-    _send(_manager(manager), TrackJob(job_id, token, ts, notify, max_hold), "track_job")
+    _send(require_manager(manager), TrackJob(job_id, token, ts, notify, max_hold), "track_job")
 
 
 def untrack_job(
@@ -179,7 +170,7 @@ def untrack_job(
         ValueError: ``job_id`` is empty, too long or not UTF-8.
         pykka.Timeout: With ``wait``, no answer within ``timeout`` seconds.
     """
-    manager = _manager(manager)
+    manager = require_manager(manager)
     message = UntrackJob(job_id, token)
     if not wait:
         _send(manager, message, "untrack_job")
@@ -197,7 +188,7 @@ def get_active_job_count(manager: ManagerRef, *, timeout: float | None = None) -
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    count: int = _manager(manager).ask(GetActiveJobCount(), timeout=timeout)
+    count: int = require_manager(manager).ask(GetActiveJobCount(), timeout=timeout)
     return count
 
 
@@ -208,7 +199,7 @@ def get_tracked_job_ids(manager: ManagerRef, *, timeout: float | None = None) ->
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    ids: list[str] = _manager(manager).ask(GetTrackedJobIds(), timeout=timeout)
+    ids: list[str] = require_manager(manager).ask(GetTrackedJobIds(), timeout=timeout)
     return ids
 
 
@@ -221,7 +212,7 @@ def is_tracked(manager: ManagerRef, job_id: str, *, timeout: float | None = None
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    tracked: bool = _manager(manager).ask(IsTracked(job_id), timeout=timeout)
+    tracked: bool = require_manager(manager).ask(IsTracked(job_id), timeout=timeout)
     return tracked
 
 
@@ -232,7 +223,7 @@ def get_stats(manager: ManagerRef, *, timeout: float | None = None) -> Stats:
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    stats: Stats = _manager(manager).ask(GetStats(), timeout=timeout)
+    stats: Stats = require_manager(manager).ask(GetStats(), timeout=timeout)
     return stats
 
 
@@ -247,4 +238,4 @@ def stop(manager: ManagerRef, *, timeout: float | None = None) -> None:
     Raises:
         pykka.Timeout: Not stopped within ``timeout`` seconds.
     """
-    _manager(manager).stop(block=True, timeout=timeout)
+    require_manager(manager).stop(block=True, timeout=timeout)

@@ -44,7 +44,7 @@ from actors import aio
 from actors.api import untrack_job
 from actors.lost import MANAGER_STOPPED, LockLost
 from actors.messages import TrackJob
-from actors.ref import ManagerRef
+from actors.ref import ManagerRef, require_manager
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -95,11 +95,7 @@ class Lease:
         *,
         ts: int | None = None,
     ) -> None:
-        if not isinstance(manager, ManagerRef):
-            raise TypeError(
-                "manager must be the reference start_link (or LockManager.start) returned, "
-                f"got {type(manager).__name__}"
-            )
+        require_manager(manager)
         # The message checks every argument, here in the caller's thread.
         self._message = TrackJob(job_id, token, ts, self, max_hold)
         self._manager = manager

@@ -37,7 +37,7 @@ from actors.messages import (
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["ManagerRef", "ManagerStopped"]
+__all__ = ["ManagerRef", "ManagerStopped", "require_manager"]
 
 #: The operations a proxy may call, and the message each one is.
 _OPERATIONS: dict[str, type] = {
@@ -204,6 +204,20 @@ class ManagerRef(pykka.ActorRef[Any]):
                     f"{'.'.join(path)!r}"
                 )
         return message
+
+
+def require_manager(manager: object) -> ManagerRef:
+    """Return ``manager`` if it is a manager's reference.
+
+    Raises:
+        TypeError: It is anything else (another actor's ``ActorRef``, a proxy, ...).
+    """
+    if not isinstance(manager, ManagerRef):
+        raise TypeError(
+            "manager must be the reference start_link (or LockManager.start) returned, "
+            f"got {type(manager).__name__}"
+        )
+    return manager
 
 
 def _answer(value: Any, block: bool) -> Any:
