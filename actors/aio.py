@@ -298,5 +298,10 @@ async def stop(manager: ManagerRef, *, timeout: float | None = None) -> None:
         pykka.Timeout: Not stopped within ``timeout`` seconds.
     """
     ref = require_manager(manager)
+    if ref.on_own_thread():
+        # From a callback: the manager stops after the current message, and
+        # no other thread may wait for it to finish the message it is in.
+        api.stop(ref)
+        return
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, functools.partial(api.stop, ref, timeout=timeout))

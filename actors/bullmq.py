@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import inspect
 import logging
@@ -43,6 +44,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import actors
+from actors import aio
 from actors.connection import RETRIES, client_for_url, command_timeout
 
 try:
@@ -93,6 +95,12 @@ _COPIED_SETTINGS = (
 )
 
 
+#: The token of the run of a job that the current task is processing.
+_RUN_TOKEN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "actors_bullmq_run_token", default=None
+)
+
+
 @dataclass(frozen=True, slots=True)
 class _Held:
     """One job the worker processes, as the worker's loop knows it."""
@@ -134,10 +142,12 @@ def _renewal_client(options: object, interval_ms: int) -> redis.Redis:
     """
     if isinstance(options, str):
         return client_for_url(options, interval_ms=interval_ms)
-    if isinstance(options, dict):
+    if isinstance(options, dict) and options.get("connection_pool") is not None:
+        settings = _settings_of(options["connection_pool"])
+    elif isinstance(options, dict):
         settings = {key: value for key, value in options.items() if key not in _OWN_SETTINGS}
     elif isinstance(options, redis.asyncio.Redis):
-        settings = _settings_of(options)
+        settings = _settings_of(options.connection_pool)
     elif isinstance(options, (redis.asyncio.RedisCluster, redis.RedisCluster)):
         raise TypeError(
             "the worker talks to a Redis Cluster: pass the renewal client yourself, "
@@ -158,16 +168,16 @@ def _renewal_client(options: object, interval_ms: int) -> redis.Redis:
     )
 
 
-def _settings_of(client: redis.asyncio.Redis) -> dict[str, Any]:
-    """Return the ``redis.Redis`` keywords that reach the server ``client`` reaches."""
-    pool = client.connection_pool
+def _settings_of(pool: Any) -> dict[str, Any]:
+    """Return the ``redis.Redis`` keywords that reach the server ``pool`` (either kind) reaches."""
     given = pool.connection_kwargs
     settings = {key: given[key] for key in _COPIED_SETTINGS if key in given}
-    if issubclass(pool.connection_class, redis.asyncio.UnixDomainSocketConnection):
+    kind = pool.connection_class.__name__
+    if kind == "UnixDomainSocketConnection":
         settings.pop("host", None)
         settings.pop("port", None)
         settings["unix_socket_path"] = given["path"]
-    elif issubclass(pool.connection_class, redis.asyncio.SSLConnection):
+    elif kind == "SSLConnection":
         settings["ssl"] = True
         accepted = inspect.signature(redis.Redis.__init__).parameters
         settings.update(
@@ -370,11 +380,20 @@ class ActorLockManager:
         return controller
 
     def untrack_job(self, job_id: str) -> None:
-        """Stop renewing ``job_id``'s lock: the job completed, failed or moved."""
+        """Stop renewing ``job_id``'s lock: the job completed, failed or moved.
+
+        bullmq calls it by id when a run of the job ends. When the job was
+        taken again meanwhile (a stalled job handed back to this worker, with a
+        new token), the old run's call leaves the new run's lock alone.
+        """
         job_id = str(job_id)
-        held = self._jobs.pop(job_id, None)
-        if held is not None and not held.released and self._manager is not None:
-            actors.untrack_job(self._manager, job_id)
+        held = self._jobs.get(job_id)
+        run = _RUN_TOKEN.get()
+        if held is None or (run is not None and run != held.token):
+            return
+        del self._jobs[job_id]
+        if not held.released and self._manager is not None:
+            actors.untrack_job(self._manager, job_id, token=held.token)
 
     def cancel_job(self, job_id: str, reason: str | None = None) -> bool:
         """Abort ``job_id``'s signal with ``reason``.
@@ -473,21 +492,23 @@ class ActorLockManager:
 
         @functools.wraps(processor)
         async def process(job: Any, token: str, *signal: Any) -> Any:
+            # Seen by untrack_job later in the same task: which run is ending.
+            _RUN_TOKEN.set(token)
             try:
                 return await processor(job, token, *signal)
             finally:
-                self._release(str(job.id))
+                await self._release(str(job.id), token)
 
         return process
 
-    def _release(self, job_id: str) -> None:
+    async def _release(self, job_id: str, token: str) -> None:
         held = self._jobs.get(job_id)
         manager = self._manager
-        if held is None or held.released or manager is None:
+        if held is None or held.released or held.token != token or manager is None:
             return
         self._jobs[job_id] = replace(held, released=True)
         try:
-            actors.untrack_job(manager, job_id, wait=True, timeout=self._release_timeout)
+            await aio.untrack_job(manager, job_id, token=token, timeout=self._release_timeout)
         except pykka.Timeout:
             # The untrack is still queued; a loss reported meanwhile is dropped.
             logger.debug("queue %r: job %r untracked without waiting", self._keys.name, job_id)

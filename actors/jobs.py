@@ -56,20 +56,28 @@ class JobTable:
         ts: int,
         notify: Notify | None = None,
         max_hold: int | None = None,
-    ) -> bool:
-        """Track a job; return whether it is a new lock (new job or new token).
+    ) -> tuple[str, Notify] | None:
+        """Track a job.
 
         The same token again is the same lock: it keeps its older stamp (a job
         tracked over and over, by a progress hook, is still renewed on time),
         its hold deadline (it cannot slide), and whoever asked to be told of
         its loss unless another is named. A new token is a new lock: all of
         that starts again.
+
+        Returns:
+            When a new token replaces a lock somebody waits on: the old token
+            and who to tell that it is lost (another holder has the job now).
+            ``None`` otherwise.
         """
-        fresh = self.tokens.get(job_id) != token
-        if fresh:
+        held = self.tokens.get(job_id)
+        replaced = None
+        if held != token:
             self.tokens[job_id] = token
             self.stamps[job_id] = ts
-            self.watches.pop(job_id, None)
+            gone = self.watches.pop(job_id, None)
+            if held is not None and gone is not None and gone.notify is not None:
+                replaced = (held, gone.notify)
             old = None
         else:
             old = self.watches.get(job_id)
@@ -80,7 +88,7 @@ class JobTable:
             deadline = _deadline(ts, max_hold)
         if notify is not None or deadline is not None:
             self.watches[job_id] = Watch(notify, deadline)
-        return fresh
+        return replaced
 
     def untrack(self, job_id: str, token: str | None = None) -> tuple[str, Watch | None] | None:
         """Forget a job (only if it holds ``token``, when given).

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -59,6 +60,10 @@ _L = TypeVar("_L", bound="Lease")
 
 # A lease's life: built, entered (the manager renews its lock), left.
 _NEW, _HELD, _CLOSED = "new", "held", "closed"
+
+# The locks held by a lease now, by manager, job and token: one lease per lock.
+_HELD_KEYS: set[tuple[str, str, str]] = set()
+_HELD_LOCK = threading.Lock()
 
 
 class Lease:
@@ -167,8 +172,10 @@ class Lease:
 
         Raises:
             RuntimeError: The lease was never entered.
+            ValueError: ``timeout`` is nan.
         """
         self._require_entered()
+        _check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._current() is None and self._tracked is not None:
             self._settle(timeout)
@@ -188,8 +195,10 @@ class Lease:
 
         Raises:
             RuntimeError: The lease was never entered.
+            ValueError: ``timeout`` is nan.
         """
         self._require_entered()
+        _check_timeout(timeout)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._until_done(), timeout)
         return self._current() is not None
@@ -239,6 +248,8 @@ class Lease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._state is not _HELD:
+            return  # never entered, or left already: nothing of this lease is tracked
         try:
             if self._current() is None:
                 # Waits for the manager: no tick runs on this lock after it returns.
@@ -257,6 +268,8 @@ class Lease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._state is not _HELD:
+            return  # never entered, or left already: nothing of this lease is tracked
         try:
             if self._current() is None:
                 await aio.untrack_job(self._manager, self.job_id, token=self.token)
@@ -265,9 +278,18 @@ class Lease:
             self._close()
 
     def _enter(self) -> None:
-        with self._lock:
+        key = (self._manager.actor_urn, self.job_id, self.token)
+        with self._lock, _HELD_LOCK:
             if self._state is not _NEW:
                 raise RuntimeError(f"the lease of job {self.job_id!r} was already entered")
+            if key in _HELD_KEYS:
+                # The manager keeps one watcher per lock: a second lease on
+                # the same lock would silently take it over from the first.
+                raise RuntimeError(
+                    f"the lock of job {self.job_id!r} with this token is leased already; "
+                    "share that lease instead"
+                )
+            _HELD_KEYS.add(key)
             self._state = _HELD
         # Asked rather than told: the answer says whether the manager took
         # the job, or stopped before it could (then it tells nobody).
@@ -319,7 +341,9 @@ class Lease:
         self._finish()
 
     def _close(self) -> None:
-        with self._lock:
+        with self._lock, _HELD_LOCK:
+            if self._state is _HELD:
+                _HELD_KEYS.discard((self._manager.actor_urn, self.job_id, self.token))
             self._state = _CLOSED
         self._finish()
 
@@ -338,6 +362,11 @@ class Lease:
             f"Lease({self.job_id!r}, state={self._state}, "
             f"reason={None if self._lost is None else self._lost.reason!r})"
         )
+
+
+def _check_timeout(timeout: float | None) -> None:
+    if timeout is not None and math.isnan(timeout):
+        raise ValueError("timeout must be a number of seconds or None, got nan")
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

@@ -26,7 +26,7 @@ import pykka
 from actors import _telemetry
 from actors.jobs import JobTable
 from actors.keys import QueueKeys
-from actors.lost import EXPIRED, MANAGER_STOPPED, MAX_HOLD, LockLost, LostLock, Reason
+from actors.lost import EXPIRED, MANAGER_STOPPED, MAX_HOLD, STOLEN, LockLost, LostLock, Reason
 from actors.messages import (
     ExtendLocks,
     GetActiveJobCount,
@@ -247,7 +247,13 @@ class LockManager(pykka.ThreadingActor):
         # A stamp is never later than now: a lock never looks younger than it is.
         ts = now if ts is None or ts > now else ts
         max_hold = message.max_hold if message.max_hold is not None else self._max_hold
-        self._jobs.track(job_id, token, ts, message.notify, max_hold)
+        replaced = self._jobs.track(job_id, token, ts, message.notify, max_hold)
+        if replaced is not None:
+            # The job was taken again with a new token: whoever waited on the
+            # old lock must learn it belongs to another run now.
+            old_token, target = replaced
+            self._notes.append((target, LockLost(job_id, old_token, STOLEN)))
+            self._deliver()
 
     def _on_untrack(self, message: UntrackJob) -> None:
         self._jobs.untrack(message.job_id, message.token)

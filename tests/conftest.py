@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import pykka
 import pytest
+from hypothesis import settings
 
 from tests.support.server import Server, Servers, default_engine, engines
 
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
     import redis
 
 __all__ = ["Server"]
+
+# The machines are shared and noisy: a slow example is not a failing one.
+settings.register_profile("shared-machine", deadline=None)
+settings.load_profile("shared-machine")
 
 
 @pytest.fixture(scope="session")
