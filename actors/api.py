@@ -139,7 +139,11 @@ def track_job(
         ValueError: ``job_id`` or ``token`` is empty, too long or not UTF-8;
             ``max_hold`` is out of range.
     """
-    _send(require_manager(manager), TrackJob(job_id, token, ts, notify, max_hold), "track_job")
+    ref = require_manager(manager)
+    # Stamped here, in the caller's thread: the job's clock starts now,
+    # however long the message then waits in the mailbox.
+    stamp = ref.clock() if ts is None else ts
+    _send(ref, TrackJob(job_id, token, stamp, notify, max_hold), "track_job")
 
 
 def untrack_job(

@@ -71,6 +71,11 @@ class JobTable:
             ``None`` otherwise.
         """
         held = self.tokens.get(job_id)
+        if held is None and notify is None and max_hold is None:
+            # A plain new job, as most are: nothing else to look at.
+            self.tokens[job_id] = token
+            self.stamps[job_id] = ts
+            return None
         replaced = None
         if held != token:
             self.tokens[job_id] = token

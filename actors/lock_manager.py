@@ -216,6 +216,11 @@ class LockManager(pykka.ThreadingActor):
     def on_receive(self, message: Any) -> Any:
         """Handle one message; a malformed or unknown one is logged and dropped."""
         try:
+            # One dict lookup per message: track and untrack arrive by the
+            # hundred thousand and must cost little more than pykka's own tell.
+            handler = _HANDLERS.get(type(message))
+            if handler is not None:
+                return handler(self, message)
             return self.handle(message)
         except Exception:
             logger.warning(
@@ -228,8 +233,6 @@ class LockManager(pykka.ThreadingActor):
 
     def handle(self, message: Any) -> Any:
         """Handle ``message`` on the calling thread, which must be the manager's."""
-        # One dict lookup per message: track and untrack arrive by the
-        # hundred thousand and must cost little more than pykka's own tell.
         handler = _HANDLERS.get(type(message))
         if handler is None:
             logger.warning(

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from actors.validation import MAX_DURATION_MS, require_int, require_text
+from actors.validation import MAX_DURATION_MS, is_valid_text, require_int, require_text
 
 __all__ = [
     "ExtendLocks",
@@ -28,6 +28,10 @@ __all__ = [
     "TrackJob",
     "UntrackJob",
 ]
+
+
+#: The range of a monotonic time in milliseconds (``ts``, ``scheduled``).
+_LOW, _HIGH = -(2**62), 2**62
 
 
 class Notify(Protocol):
@@ -61,10 +65,12 @@ class TrackJob:
     max_hold: int | None = None
 
     def __post_init__(self) -> None:
-        require_text(self.job_id, "job_id")
-        require_text(self.token, "token")
-        if self.ts is not None:
-            require_int(self.ts, "ts", minimum=-(2**62), maximum=2**62)
+        # The common case in one cheap test: a worker tracks by the thousand.
+        if not (is_valid_text(self.job_id) and is_valid_text(self.token)):
+            require_text(self.job_id, "job_id")
+            require_text(self.token, "token")
+        if self.ts is not None and not (type(self.ts) is int and _LOW <= self.ts <= _HIGH):
+            require_int(self.ts, "ts", minimum=_LOW, maximum=_HIGH)
         if self.notify is not None and not callable(getattr(self.notify, "tell", None)):
             raise TypeError(
                 f"notify must have a tell() method (an ActorRef), got {type(self.notify).__name__}"
@@ -84,7 +90,8 @@ class UntrackJob:
     token: str | None = None
 
     def __post_init__(self) -> None:
-        require_text(self.job_id, "job_id")
+        if not is_valid_text(self.job_id):
+            require_text(self.job_id, "job_id")
         if self.token is not None:
             require_text(self.token, "token")
 
@@ -103,7 +110,7 @@ class ExtendLocks:
 
     def __post_init__(self) -> None:
         if self.scheduled is not None:
-            require_int(self.scheduled, "scheduled", minimum=-(2**62), maximum=2**62)
+            require_int(self.scheduled, "scheduled", minimum=_LOW, maximum=_HIGH)
 
 
 @dataclass(frozen=True, slots=True)

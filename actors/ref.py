@@ -50,6 +50,8 @@ _OPERATIONS: dict[str, type] = {
     "extend_locks": ExtendLocks,
 }
 _MESSAGES = tuple(_OPERATIONS.values())
+#: Messages that need nothing done on their way in: they checked themselves.
+_PASS = frozenset(_MESSAGES) - {TrackJob}
 
 
 class ManagerStopped(pykka.ActorDeadError):
@@ -76,6 +78,11 @@ class ManagerRef(pykka.ActorRef[Any]):
         super().__init__(actor)
         self._core = core
         self._warned = False
+
+    @property
+    def clock(self) -> Callable[[], int]:
+        """The manager's monotonic clock, in milliseconds: what ``ts`` is measured on."""
+        return self._core.clock
 
     @property
     def queue_name(self) -> str:
@@ -105,9 +112,10 @@ class ManagerRef(pykka.ActorRef[Any]):
             ManagerStopped: The manager is stopped.
         """
         message = self._admit(message)
-        if not self.is_alive():
-            raise self.stopped_error()
-        super().tell(message)
+        try:
+            super().tell(message)
+        except pykka.ActorDeadError:
+            raise self.stopped_error() from None
 
     def ask(self, message: Any, *, block: bool = True, timeout: float | None = None) -> Any:
         """Send ``message`` and return the answer (or its future with ``block=False``).
@@ -177,9 +185,12 @@ class ManagerRef(pykka.ActorRef[Any]):
             return False
 
     def _admit(self, message: Any) -> Any:
-        if type(message) is TrackJob:
+        kind = type(message)
+        if kind is TrackJob:
             if message.ts is None:
                 return dataclasses.replace(message, ts=self._core.clock())
+            return message
+        if kind in _PASS:
             return message
         if isinstance(message, ProxyCall):
             path = message.attr_path

@@ -24,6 +24,9 @@ from actors.embedded import EmbeddedServer
 SLOWLOG_THRESHOLD_US = 100
 #: Slow log entries the server keeps: more than a tick's script calls.
 SLOWLOG_LENGTH = 4096
+#: Socket timeout of the benchmark's own client, in seconds: resets of
+#: 100,000 locks and reads of the slow log must never time out.
+ADMIN_TIMEOUT = 300.0
 
 
 @dataclass
@@ -76,6 +79,13 @@ class Report:
         return "\n".join(lines) + "\n"
 
 
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table, every column right-aligned."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
 def _engine_version(client: redis.Redis) -> str:
     info = client.info("server")
     if "valkey_version" in info:
@@ -122,3 +132,15 @@ def report(bench_server: BenchServer) -> Iterator[Report]:
     out = os.environ.get("ACTORS_BENCH_OUT")
     if out:
         Path(out).write_text(text, encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def admin(bench_server: BenchServer) -> Iterator[redis.Redis]:
+    """The benchmark's own client; the server is flushed before and after each module."""
+    client = redis.Redis.from_url(bench_server.url, socket_timeout=ADMIN_TIMEOUT)
+    client.flushall()
+    try:
+        yield client
+    finally:
+        client.flushall()
+        client.close()
