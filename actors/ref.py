@@ -185,12 +185,12 @@ class ManagerRef(pykka.ActorRef[Any]):
             return False
 
     def _admit(self, message: Any) -> Any:
-        kind = type(message)
-        if kind is TrackJob:
+        cls = type(message)
+        if cls is TrackJob:
             if message.ts is None:
                 return dataclasses.replace(message, ts=self._core.clock())
             return message
-        if kind in _PASS:
+        if cls in _PASS:
             return message
         if isinstance(message, ProxyCall):
             path = message.attr_path
