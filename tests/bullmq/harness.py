@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
@@ -151,6 +155,50 @@ class RunningWorker:
             self.loop.close()
 
 
+#: The script of a worker in a process of its own.
+PEER = Path(__file__).with_name("peer.py")
+
+
+class PeerWorker:
+    """A bullmq ``Worker`` in a process of its own, traced through Redis (see ``peer.py``)."""
+
+    def __init__(self, bench: Bench, name: str, opts: dict[str, Any]) -> None:
+        self._bench = bench
+        self.name = name
+        self.process = subprocess.Popen(
+            [sys.executable, str(PEER), bench.url, bench.queue, name, json.dumps(opts)]
+        )
+        wait_until(
+            lambda: bench.client.exists(bench.key("peer-ready", name)) or self.process.poll(),
+            REQUEST_S,
+            f"worker {name}'s process to start",
+        )
+        assert self.process.poll() is None, f"worker {name}'s process ended"
+
+    def runs(self) -> list[tuple[str, str, float]]:
+        """Every run of a job in this process: its name, the token and the monotonic start."""
+        runs = []
+        for entry in self._bench.client.lrange(self._bench.key("peer-runs"), 0, -1):
+            name, token, started = str(entry).rsplit("|", 2)
+            if name == self.name:
+                runs.append((name, token, float(started)))
+        return runs
+
+    def stalled_ids(self) -> list[str]:
+        """The ids its ``stalled`` events named."""
+        return [str(i) for i in self._bench.client.lrange(self._bench.key("peer-stalled"), 0, -1)]
+
+    def close(self) -> None:
+        """Tell the process to close its worker, and wait for it to end."""
+        self._bench.client.set(self._bench.key("peer-stop", self.name), "1")
+        try:
+            self.process.wait(REQUEST_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+
 @dataclass
 class Bench:
     """One queue on one server, and the workers and loops a test starts on it."""
@@ -159,7 +207,7 @@ class Bench:
     engine: str
     queue: str = field(default_factory=lambda: f"q{uuid.uuid4().hex[:8]}")
     client: redis.Redis = field(init=False)
-    _workers: list[RunningWorker] = field(default_factory=list)
+    _workers: list[RunningWorker | PeerWorker] = field(default_factory=list)
     _control: LoopThread | None = None
 
     def __post_init__(self) -> None:
@@ -200,6 +248,12 @@ class Bench:
         running = RunningWorker(worker, loop, task, events, installed)
         self._workers.append(running)
         return running
+
+    def start_peer(self, name: str, opts: dict[str, Any]) -> PeerWorker:
+        """Run a stock bullmq worker (no processor of the test's) in a process of its own."""
+        peer = PeerWorker(self, name, opts)
+        self._workers.append(peer)
+        return peer
 
     def control(self) -> LoopThread:
         """The loop thread that adds jobs and asks the queue."""

@@ -1,10 +1,10 @@
 """A processor that blocks its worker's loop for three lock durations, judged by BullMQ.
 
 Worker A (bullmq-py, on its own loop thread) takes the job; its processor
-blocks the loop with ``time.sleep`` or a pure-Python CPU loop. Worker B (its
-own loop thread and connections) runs bullmq's stalled-jobs check every
-``STALLED_MS`` and takes whatever is moved back to wait. The test's thread
-samples the lock key throughout.
+blocks the loop with ``time.sleep`` or a pure-Python CPU loop. Worker B (a
+process of its own, as a second worker is) runs bullmq's stalled-jobs check
+every ``STALLED_MS`` and takes whatever is moved back to wait. The test's
+thread samples the lock key throughout.
 
 - bullmq-py's own lock manager renews on A's loop, so the lock expires, B's
   check moves the job back, and B runs it a second time.
@@ -27,6 +27,7 @@ from tests.bullmq.harness import (
     BLOCKERS,
     OUTCOMES,
     Bench,
+    PeerWorker,
     RunningWorker,
     Sample,
     longest_gap_ms,
@@ -66,15 +67,14 @@ class Hold:
     #: The job's hash after both workers were done with it.
     job: dict[str, str]
     a: RunningWorker
-    b: RunningWorker
+    b: PeerWorker
 
     @property
     def who(self) -> list[str]:
         return [name for name, _, _ in self.runs]
 
     def stalled_ids(self) -> list[str]:
-        events = self.a.events.of("stalled") + self.b.events.of("stalled")
-        return [str(event.args[0]) for event in events]
+        return [str(event.args[0]) for event in self.a.events.of("stalled")] + self.b.stalled_ids()
 
     def checks_after_expiry(self) -> int:
         """Stalled checks that ran when A's lock, unless renewed, was gone."""
@@ -99,16 +99,12 @@ def hold(bench: Bench, blocker: str, *, actor: bool) -> Hold:
             unblocked.set()
         return "A"
 
-    async def process_b(job: Any, token: str) -> str:
-        runs.append(("B", token, time.monotonic()))
-        return "B"
-
     # Given worker A holding the job, and then worker B checking for stalls.
     a = bench.start_worker("A", process_a, OPTIONS, actor=actor)
     job_id = bench.add_job()
     assert started.wait(SETTLE_S), "worker A did not take the job"
     token = runs[0][1]
-    b = bench.start_worker("B", process_b, OPTIONS, actor=False)
+    b = bench.start_peer("B", OPTIONS)
 
     # When A's processor blocks its loop, while the test watches the lock.
     samples = sample_lock(
@@ -120,6 +116,7 @@ def hold(bench: Bench, blocker: str, *, actor: bool) -> Hold:
     )
     wait_until(lambda: not a.busy(), SETTLE_S, "worker A to finish with the job")
     wait_until(lambda: "finishedOn" in bench.job(job_id), SETTLE_S, "the job to finish")
+    runs = sorted(runs + b.runs(), key=lambda run: run[2])
     return Hold(job_id, token, runs, unblocked_at[0], samples, bench.job(job_id), a, b)
 
 

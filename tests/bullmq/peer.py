@@ -1,0 +1,53 @@
+"""A bullmq-py worker in a process of its own: it checks for stalled jobs and takes them.
+
+Run by the tests as ``python peer.py URL QUEUE NAME OPTIONS_JSON``. Its
+processor and its ``stalled`` events leave their trace in Redis (lists beside
+the queue's keys), where the test reads them; it stops when the test sets its
+stop key. A process of its own, as a real second worker is: a processor that
+blocks the first worker's loop (or holds its GIL) cannot slow this one down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+import redis.asyncio
+from bullmq import Worker
+
+PREFIX = "bull"
+
+
+def key(queue: str, *parts: str) -> str:
+    """``bull:{queue}:{parts...}``."""
+    return ":".join((PREFIX, queue, *parts))
+
+
+async def main(url: str, queue: str, name: str, options: dict[str, Any]) -> None:
+    """Run one worker until the test sets ``bull:{queue}:peer-stop:{name}``."""
+    client = redis.asyncio.Redis.from_url(url, decode_responses=True)
+
+    async def process(job: Any, token: str) -> str:
+        # CLOCK_MONOTONIC is one clock for every process of the machine.
+        await client.rpush(key(queue, "peer-runs"), f"{name}|{token}|{time.monotonic()}")
+        return name
+
+    worker = Worker(queue, process, {"connection": url, "prefix": PREFIX, **options})
+    stalled: list[str] = []
+    worker.on("stalled", lambda job_id, *_: stalled.append(str(job_id)))
+    await client.set(key(queue, "peer-ready", name), "1")
+    while not await client.exists(key(queue, "peer-stop", name)):
+        while stalled:
+            await client.rpush(key(queue, "peer-stalled"), stalled.pop(0))
+        await asyncio.sleep(0.02)
+    await worker.close()
+    while stalled:
+        await client.rpush(key(queue, "peer-stalled"), stalled.pop(0))
+    await client.aclose()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])))
