@@ -345,12 +345,13 @@ class LockManager(pykka.ThreadingActor):
     def _renew(self, due: list[str], tokens: list[str], at: int, now: int) -> None:
         started = time.perf_counter()
         reporter = self._reporter
-        margin = self._timing.lock_duration - (now - self._jobs.oldest(due))
+        oldest = self._jobs.oldest(due)
         calls = -(-len(due) // self._max_batch)
         outcome: BatchOutcome | None = None
         failure: Exception | None = None
         renewed: list[str] = []
         lost: list[LostLock] = []
+        margin = self._timing.lock_duration - (now - oldest)
         with _telemetry.tick_span(self.queue_name, len(due)) as span:
             try:
                 outcome = self._renewer(due, tokens)
@@ -366,6 +367,10 @@ class LockManager(pykka.ThreadingActor):
                 failure = exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
                 span.error(failure)
             else:
+                # Read when the answer is back: the renewal ran before this,
+                # so the margin is never overstated (a slow round trip or a
+                # GIL-bound process shows in it).
+                margin = self._timing.lock_duration - (self.clock() - oldest)
                 renewed, lost = self._apply(due, tokens, at, outcome)
                 span.finish(lost, calls)
                 if outcome.errors:

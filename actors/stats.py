@@ -41,7 +41,8 @@ class Stats:
     #: How late the latest-running timer tick so far ran, in milliseconds.
     max_tick_lateness_ms: float = 0.0
     #: The least time a lock had left when it was renewed (how close a lock
-    #: came to expiring), in milliseconds; ``None`` before the first renewal.
+    #: came to expiring), in milliseconds, measured when the renewal's answer
+    #: came back (never overstated); ``None`` before the first renewal.
     min_lock_margin_ms: float | None = None
 
 
