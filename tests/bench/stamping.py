@@ -24,12 +24,13 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import pykka
 
 from actors import ExtendLocks, ThreadTimer
 from actors.schedule import monotonic_ms
+from tests.support import PackedCommands
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
@@ -349,23 +350,16 @@ class Locks:
     """
 
     def __init__(self, keys: QueueKeys, ids: Sequence[str], tokens: Sequence[str], ttl_ms: int):
-        self._commands = [
-            ("SET", keys.lock(job_id), token, "PX", ttl_ms)
-            for job_id, token in zip(ids, tokens, strict=True)
-        ]
-        self._packed: Any = None
+        self._packed = PackedCommands(
+            [
+                ("SET", keys.lock(job_id), token, "PX", ttl_ms)
+                for job_id, token in zip(ids, tokens, strict=True)
+            ]
+        )
 
     def reset(self, admin: redis.Redis) -> None:
-        """Set every lock again (packed once: packing 100,000 commands costs seconds)."""
-        connection = admin.connection_pool.get_connection()
-        try:
-            if self._packed is None:
-                self._packed = connection.pack_commands(self._commands)  # type: ignore[no-untyped-call]
-            connection.send_packed_command(self._packed)  # type: ignore[no-untyped-call]
-            for _ in self._commands:
-                connection.read_response()
-        finally:
-            admin.connection_pool.release(connection)
+        """Set every lock again, in one round trip."""
+        self._packed.send(admin)
 
 
 def script_usec(admin: redis.Redis) -> int:

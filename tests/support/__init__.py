@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from tests.support.locks import (
     LockWatch,
+    PackedCommands,
     alive,
     job_ids,
     lost_locks,
@@ -47,6 +48,7 @@ __all__ = [
     "LockWatch",
     "ManualClock",
     "ManualTimers",
+    "PackedCommands",
     "Recorder",
     "Server",
     "alive",
