@@ -31,9 +31,9 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m pytest -m bench -s -p no:randomly tests/bench
 
-## fuzz: the API fuzz at a longer profile (400 examples; CI runs 40)
+## fuzz: the API fuzz at a longer profile (1000 examples; CI runs 150)
 fuzz: $(STAMP)
-	FUZZ_EXAMPLES=400 $(BIN)/python -m pytest -p no:randomly tests/fuzz
+	FUZZ_EXAMPLES=1000 $(BIN)/python -m pytest -p no:randomly tests/fuzz
 
 ## faults: the fault suite and its results table
 faults: $(STAMP)
