@@ -241,8 +241,7 @@ async def untrack_job(
     try:
         await ask(ref, message, timeout=timeout)
     except ManagerStopped:
-        # The helper's path for a stopped manager: one warning, then quiet.
-        api.untrack_job(ref, job_id, token=token)
+        ref.ignored("untrack_job")
 
 
 async def get_active_job_count(manager: ManagerRef, *, timeout: float | None = None) -> int:

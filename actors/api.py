@@ -7,7 +7,6 @@ From a manager's own thread (one of its callbacks) a query answers at once.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 from actors.lock_manager import LockManager
@@ -43,8 +42,6 @@ __all__ = [
     "track_job",
     "untrack_job",
 ]
-
-logger = logging.getLogger(__name__)
 
 
 def start_link(
@@ -99,13 +96,7 @@ def _send(manager: ManagerRef, message: object, what: str) -> None:
     try:
         manager.tell(message)
     except ManagerStopped:
-        if manager.warn_stopped_once(what):
-            logger.warning(
-                "LockManager for queue %r is stopped: %s ignored (and any more sent to it); "
-                "start a new manager",
-                manager.queue_name,
-                what,
-            )
+        manager.ignored(what)
 
 
 def track_job(
@@ -182,7 +173,7 @@ def untrack_job(
     try:
         manager.ask(message, timeout=timeout)
     except ManagerStopped:
-        _send(manager, message, "untrack_job")
+        manager.ignored("untrack_job")
 
 
 def get_active_job_count(manager: ManagerRef, *, timeout: float | None = None) -> int:

@@ -110,25 +110,25 @@ def is_cluster(conn: object) -> bool:
     return isinstance(conn, redis.RedisCluster)
 
 
-def socket_timeout(conn: object) -> float | None:
-    """Return the socket timeout a client was built with, in seconds, or ``None``."""
+def _connection_kwargs(conn: object) -> dict[str, Any]:
+    # A one-server client keeps them on its pool, a cluster client on its nodes manager.
     pool = getattr(conn, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
     if kwargs is None:
         nodes = getattr(conn, "nodes_manager", None)
         kwargs = getattr(nodes, "connection_kwargs", None) or {}
-    value = kwargs.get("socket_timeout")
+    return dict(kwargs)
+
+
+def socket_timeout(conn: object) -> float | None:
+    """Return the socket timeout a client was built with, in seconds, or ``None``."""
+    value = _connection_kwargs(conn).get("socket_timeout")
     return float(value) if value is not None else None
 
 
 def encoding(conn: object) -> str:
     """Return the encoding a client uses for keys and arguments (``"utf-8"`` by default)."""
-    pool = getattr(conn, "connection_pool", None)
-    kwargs = getattr(pool, "connection_kwargs", None)
-    if kwargs is None:
-        nodes = getattr(conn, "nodes_manager", None)
-        kwargs = getattr(nodes, "connection_kwargs", None) or {}
-    return str(kwargs.get("encoding", "utf-8"))
+    return str(_connection_kwargs(conn).get("encoding", "utf-8"))
 
 
 def check_client(conn: object, keys: QueueKeys, interval_ms: int) -> None:

@@ -18,6 +18,7 @@ not — so this is where each door is made to behave the same:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 __all__ = ["ManagerRef", "ManagerStopped", "require_manager"]
+
+logger = logging.getLogger(__name__)
 
 #: The operations a proxy may call, and the message each one is.
 _OPERATIONS: dict[str, type] = {
@@ -97,10 +100,17 @@ class ManagerRef(pykka.ActorRef[Any]):
         """The error a stopped manager answers with."""
         return ManagerStopped(f"LockManager for queue {self.queue_name!r} is stopped")
 
-    def warn_stopped_once(self, what: str) -> bool:
-        """Return ``True`` the first time something (``what``) is sent to a stopped manager."""
-        first, self._warned = not self._warned, True
-        return first
+    def ignored(self, what: str) -> None:
+        """Say, once per manager, that ``what`` was sent to it after it stopped."""
+        if self._warned:
+            return
+        self._warned = True
+        logger.warning(
+            "LockManager for queue %r is stopped: %s ignored (and any more sent to it); "
+            "start a new manager",
+            self.queue_name,
+            what,
+        )
 
     def tell(self, message: Any) -> None:
         """Send ``message``; checks it in this thread first.
