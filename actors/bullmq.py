@@ -40,12 +40,10 @@ from typing import TYPE_CHECKING, Any
 import pykka
 import redis
 import redis.asyncio
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 import actors
 from actors import aio
-from actors.connection import RETRIES, client_for_url, command_timeout
+from actors.connection import client_for_url, client_like, command_timeout
 
 try:
     from bullmq.abort_controller import AbortController
@@ -64,36 +62,15 @@ logger = logging.getLogger(__name__)
 #: How the reason of an ``AbortSignal`` aborted for a lost lock begins.
 LOCK_LOST = "lock lost"
 
-#: Settings of a worker's connection that the renewal client sets itself:
-#: bounded timeouts and retries (so a tick cannot hang), no client name
-#: (bullmq lists a queue's workers by client name; this is not one), and
-#: redis-py's default replies (the manager reads ids either way).
-_OWN_SETTINGS = frozenset(
-    {
-        "socket_timeout",
-        "socket_connect_timeout",
-        "retry",
-        "retry_on_error",
-        "retry_on_timeout",
-        "single_connection_client",
-        "client_name",
-        "decode_responses",
-        "connection_pool",
-    }
-)
+#: ``stays_when`` of a call that never leaves the job active when it answers.
+_NEVER = object()
 
-#: Connection settings copied from a ``redis.asyncio`` client, besides ``ssl_*``.
-_COPIED_SETTINGS = (
-    "host",
-    "port",
-    "db",
-    "username",
-    "password",
-    "credential_provider",
-    "encoding",
-    "encoding_errors",
+#: Backend calls that move an active job away from active, deleting its lock,
+#: and the answer that means the job stayed (see ActorLockManager.moving).
+_MOVES: tuple[tuple[str, object], ...] = (
+    ("moveToDelayed", _NEVER),
+    ("moveToWaitingChildren", False),
 )
-
 
 #: The token of the run of a job that the current task is processing.
 _RUN_TOKEN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -128,66 +105,6 @@ def _monotonic_from_wall(wall_ms: int) -> int:
     return time.monotonic_ns() // 1_000_000 - age
 
 
-def _renewal_client(options: object, interval_ms: int) -> redis.Redis:
-    """Build the synchronous client the manager renews with.
-
-    Args:
-        options: A worker's ``connection`` option: a URL, a dict of
-            ``redis.Redis`` keywords, or a ``redis.asyncio.Redis`` client.
-        interval_ms: The manager's tick interval; each attempt of a command
-            waits at most :func:`actors.connection.command_timeout` of it.
-
-    Raises:
-        TypeError: ``options`` is a cluster client or something else.
-    """
-    if isinstance(options, str):
-        return client_for_url(options, interval_ms=interval_ms)
-    if isinstance(options, dict) and options.get("connection_pool") is not None:
-        settings = _settings_of(options["connection_pool"])
-    elif isinstance(options, dict):
-        settings = {key: value for key, value in options.items() if key not in _OWN_SETTINGS}
-    elif isinstance(options, redis.asyncio.Redis):
-        settings = _settings_of(options.connection_pool)
-    elif isinstance(options, (redis.asyncio.RedisCluster, redis.RedisCluster)):
-        raise TypeError(
-            "the worker talks to a Redis Cluster: pass the renewal client yourself, "
-            "use_actor_lock_manager(worker, connection=actors.connection.cluster_client("
-            f"url, interval_ms={interval_ms}))"
-        )
-    else:
-        raise TypeError(
-            "the worker's connection must be a URL, a dict of options or a "
-            f"redis.asyncio.Redis client, got {type(options).__name__}"
-        )
-    seconds = command_timeout(interval_ms)
-    return redis.Redis(
-        **settings,
-        socket_timeout=seconds,
-        socket_connect_timeout=seconds,
-        retry=Retry(NoBackoff(), RETRIES),
-    )
-
-
-def _settings_of(pool: Any) -> dict[str, Any]:
-    """Return the ``redis.Redis`` keywords that reach the server ``pool`` (either kind) reaches."""
-    given = pool.connection_kwargs
-    settings = {key: given[key] for key in _COPIED_SETTINGS if key in given}
-    kind = pool.connection_class.__name__
-    if kind == "UnixDomainSocketConnection":
-        settings.pop("host", None)
-        settings.pop("port", None)
-        settings["unix_socket_path"] = given["path"]
-    elif kind == "SSLConnection":
-        settings["ssl"] = True
-        accepted = inspect.signature(redis.Redis.__init__).parameters
-        settings.update(
-            (key, value)
-            for key, value in given.items()
-            if key.startswith("ssl_") and key in accepted
-        )
-    return settings
-
-
 class ActorLockManager:
     """bullmq-py's lock manager, renewing from a :class:`~actors.LockManager` thread.
 
@@ -200,10 +117,11 @@ class ActorLockManager:
     - a job whose lock was lost (stolen, or expired) has its ``AbortSignal``
       aborted with a reason starting with :data:`LOCK_LOST`, and is no longer
       renewed (bullmq-py would try it again every tick, and fail again);
-    - when the processor returns, the job is untracked before bullmq moves
-      it to completed or failed (which deletes the lock), not after: a tick in
-      between would find the lock gone and report a loss. (Installed by
-      :func:`use_actor_lock_manager`, which wraps the worker's processor.)
+    - when the processor returns, or moves its own job (to delayed, or to
+      waiting-children), the job is untracked before bullmq deletes the lock,
+      not after: a tick in between would find the lock gone and report a loss.
+      (Installed by :func:`use_actor_lock_manager`, which wraps the worker's
+      processor and those two calls of its backend.)
 
     Every method is called on the worker's event loop, as the ``Worker``
     does; the manager's reports reach the loop through
@@ -276,7 +194,14 @@ class ActorLockManager:
         # most one attempt of a command, when a tick is in flight.
         self._release_timeout = command_timeout(timing.interval)
         if connection is None:
-            connection = _renewal_client(worker.opts.get("connection", {}), timing.interval)
+            options = worker.opts.get("connection", {})
+            if isinstance(options, (redis.asyncio.RedisCluster, redis.RedisCluster)):
+                raise TypeError(
+                    "the worker talks to a Redis Cluster: pass the renewal client yourself, "
+                    "use_actor_lock_manager(worker, connection=actors.connection."
+                    f"cluster_client(url, interval_ms={timing.interval}))"
+                )
+            connection = client_like(options, interval_ms=timing.interval)
             self._owns_connection = True
         elif isinstance(connection, str):
             connection = client_for_url(connection, interval_ms=timing.interval)
@@ -501,17 +426,70 @@ class ActorLockManager:
 
         return process
 
-    async def _release(self, job_id: str, token: str) -> None:
+    def moving(
+        self, move: Callable[..., Awaitable[Any]], *, stays_when: object = _NEVER
+    ) -> Callable[..., Awaitable[Any]]:
+        """Wrap a backend call that moves an active job away, deleting its lock.
+
+        A processor may move its own job (``job.moveToDelayed``,
+        ``job.moveToWaitingChildren``), then raise bullmq's ``DelayedError`` or
+        ``WaitingChildrenError``. The script deletes the lock; a tick before
+        the processor returns would report it lost. The wrapper untracks the
+        job first (as :meth:`releasing` does) and tracks it again, with its
+        first timestamp, when the job did not move: the call raised, or
+        answered ``stays_when``.
+
+        Args:
+            move: The backend's method; it takes ``job_id`` and ``token``.
+            stays_when: The answer that means the job is still active
+                (``moveToWaitingChildren`` answers ``False`` when the job has
+                no pending children).
+
+        Returns:
+            A method that takes and returns the same.
+        """
+        signature = inspect.signature(move)
+
+        @functools.wraps(move)
+        async def moved(*args: Any, **kwargs: Any) -> Any:
+            given = signature.bind(*args, **kwargs)
+            given.apply_defaults()
+            job_id, token = str(given.arguments["job_id"]), str(given.arguments["token"])
+            released = await self._release(job_id, token)
+            stays = True
+            try:
+                answer = await move(*args, **kwargs)
+                stays = answer is stays_when
+                return answer
+            finally:
+                if released and stays:
+                    self._keep(job_id, token)
+
+        return moved
+
+    def _keep(self, job_id: str, token: str) -> None:
+        # The job did not move: its lock is still the run's; renew it again.
+        held = self._jobs.get(job_id)
+        if self.closed or held is None or not held.released or held.token != token:
+            return
+        held = replace(held, released=False)
+        self._jobs[job_id] = held
+        if self._manager is not None:
+            self._tell_track(job_id, held)
+
+    async def _release(self, job_id: str, token: str) -> bool:
+        """Untrack the run's job and wait for the manager; whether it was tracked."""
         held = self._jobs.get(job_id)
         manager = self._manager
         if held is None or held.released or held.token != token or manager is None:
-            return
+            return False
         self._jobs[job_id] = replace(held, released=True)
         try:
             await aio.untrack_job(manager, job_id, token=token, timeout=self._release_timeout)
         except pykka.Timeout:
             # The untrack is still queued; a loss reported meanwhile is dropped.
             logger.debug("queue %r: job %r untracked without waiting", self._keys.name, job_id)
+        return True
 
     # -- reports from the manager's thread -------------------------------
 
@@ -596,8 +574,10 @@ def use_actor_lock_manager(
     The worker's ``lockDuration``, ``lockRenewTime``, ``prefix`` and queue
     name carry over. Events and the processor's ``AbortSignal`` work as
     before; a lost lock now aborts the signal (see :class:`ActorLockManager`).
-    The worker's processor is wrapped (:meth:`ActorLockManager.releasing`) so
-    a finished job is untracked before bullmq deletes its lock.
+    The worker's processor is wrapped (:meth:`ActorLockManager.releasing`), and
+    so are its backend's ``moveToDelayed`` and ``moveToWaitingChildren``
+    (:meth:`ActorLockManager.moving`), so a job that finishes or moves itself
+    is untracked before bullmq deletes its lock.
 
     Example:
         >>> worker = Worker("payments", process, {"connection": url, "autorun": False})
@@ -646,4 +626,18 @@ def use_actor_lock_manager(
     worker.lockManager = installed
     if worker.processor is not None:
         worker.processor = installed.releasing(worker.processor)
+    # The worker's jobs reach Redis through the worker's own backend.
+    backend = getattr(worker, "backend", None)
+    for name, stays_when in _MOVES:
+        move = getattr(backend, name, None)
+        if move is None:
+            continue
+        if not {"job_id", "token"} <= set(inspect.signature(move).parameters):
+            logger.warning(
+                "bullmq's %s takes no job_id and token: a job that moves itself that way "
+                "may be reported lost once (tested bullmq: 3.4)",
+                name,
+            )
+            continue
+        setattr(backend, name, installed.moving(move, stays_when=stays_when))
     return installed

@@ -13,10 +13,12 @@ waits at most :func:`command_timeout` seconds.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import TYPE_CHECKING, Any
 
 import redis
+import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.retry import Retry
@@ -30,6 +32,7 @@ __all__ = [
     "check_client",
     "check_cluster_keys",
     "client_for_url",
+    "client_like",
     "cluster_client",
     "command_timeout",
     "hash_slot",
@@ -83,6 +86,105 @@ def client_for_url(
         socket_connect_timeout=seconds,
         retry=Retry(NoBackoff(), RETRIES),
     )
+
+
+#: Settings of given options that a client built here sets itself: bounded
+#: timeouts and retries (so a tick cannot hang), no client name (BullMQ lists
+#: a queue's workers by client name; a renewal client is not one), and
+#: redis-py's default replies (the manager reads ids either way).
+_OWN_SETTINGS = frozenset(
+    {
+        "socket_timeout",
+        "socket_connect_timeout",
+        "retry",
+        "retry_on_error",
+        "retry_on_timeout",
+        "single_connection_client",
+        "client_name",
+        "decode_responses",
+        "connection_pool",
+    }
+)
+
+#: Settings read from another client's pool, besides ``ssl_*``.
+_COPIED_SETTINGS = (
+    "host",
+    "port",
+    "db",
+    "username",
+    "password",
+    "credential_provider",
+    "encoding",
+    "encoding_errors",
+)
+
+
+def client_like(options: object, *, interval_ms: int) -> redis.Redis:
+    """Build a bounded one-server client that reaches the server ``options`` reach.
+
+    For a program that already has its connection settings in another shape
+    (a bullmq worker's ``connection`` option, an asyncio client) and needs a
+    synchronous client for the manager, with this module's timeouts instead
+    of the original's.
+
+    Args:
+        options: A URL; a dict of ``redis.Redis`` keywords (or one holding a
+            ``connection_pool``); or a ``redis.Redis`` / ``redis.asyncio.Redis``
+            client, whose server, database, credentials and TLS settings are
+            copied (the client itself is left alone).
+        interval_ms: The manager's tick interval.
+
+    Raises:
+        TypeError: ``options`` is a cluster client (build one with
+            :func:`cluster_client`) or none of the shapes above.
+    """
+    if isinstance(options, str):
+        return client_for_url(options, interval_ms=interval_ms)
+    if isinstance(options, dict) and options.get("connection_pool") is not None:
+        settings = _settings_of(options["connection_pool"])
+    elif isinstance(options, dict):
+        settings = {key: value for key, value in options.items() if key not in _OWN_SETTINGS}
+    elif isinstance(options, (redis.Redis, redis.asyncio.Redis)):
+        settings = _settings_of(options.connection_pool)
+    elif isinstance(options, (redis.asyncio.RedisCluster, redis.RedisCluster)):
+        raise TypeError(
+            "a Redis Cluster client cannot be copied into a one-server client: use "
+            f"actors.connection.cluster_client(url, interval_ms={interval_ms})"
+        )
+    else:
+        raise TypeError(
+            "connection options must be a URL, a dict of redis.Redis keywords or a "
+            f"redis.Redis / redis.asyncio.Redis client, got {type(options).__name__}"
+        )
+    seconds = command_timeout(interval_ms)
+    return redis.Redis(
+        **settings,
+        socket_timeout=seconds,
+        socket_connect_timeout=seconds,
+        retry=Retry(NoBackoff(), RETRIES),
+    )
+
+
+def _settings_of(pool: Any) -> dict[str, Any]:
+    """Return the ``redis.Redis`` keywords that reach the server ``pool`` (either kind) reaches."""
+    given = pool.connection_kwargs
+    settings = {key: given[key] for key in _COPIED_SETTINGS if key in given}
+    kind = pool.connection_class.__name__
+    if kind == "UnixDomainSocketConnection":
+        settings.pop("host", None)
+        settings.pop("port", None)
+        settings["unix_socket_path"] = given["path"]
+    elif kind == "SSLConnection":
+        settings["ssl"] = True
+        # Only the ssl_* keywords this redis-py's Redis() takes; pools of
+        # either kind may hold more.
+        accepted = inspect.signature(redis.Redis.__init__).parameters
+        settings.update(
+            (key, value)
+            for key, value in given.items()
+            if key.startswith("ssl_") and key in accepted
+        )
+    return settings
 
 
 def cluster_client(url: str, *, interval_ms: int, **options: Any) -> redis.RedisCluster:

@@ -1,0 +1,135 @@
+"""A client built from another shape of settings reaches the same server, bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+import redis.asyncio
+
+from actors.connection import client_like, command_timeout, socket_timeout
+from actors.embedded import EmbeddedServer
+from tests.support.server import Server
+
+INTERVAL_MS = 400
+
+
+def _host_port(server: Server) -> tuple[str, int]:
+    parts = urlsplit(server.url)
+    assert parts.hostname is not None and parts.port is not None
+    return parts.hostname, parts.port
+
+
+def _reaches(conn: redis.Redis, server: Server, db: int) -> bool:
+    """Whether ``conn`` writes where a client of ``server``'s database ``db`` reads."""
+    conn.set("reached", "yes")
+    host, port = _host_port(server)
+    probe = redis.Redis(host=host, port=port, db=db, socket_timeout=5)
+    try:
+        return probe.get("reached") == b"yes"
+    finally:
+        probe.delete("reached")
+        probe.close()
+
+
+@pytest.mark.parametrize("shape", ["url", "dict", "client", "asyncio_client", "pool_dict"])
+def test_every_shape_reaches_the_same_database_with_the_bounded_timeout(
+    server: Server, shape: str
+) -> None:
+    host, port = _host_port(server)
+    given: Any = {
+        "url": f"redis://{host}:{port}/2",
+        "dict": {"host": host, "port": port, "db": 2},
+        "client": redis.Redis(host=host, port=port, db=2),
+        "asyncio_client": redis.asyncio.Redis(host=host, port=port, db=2),
+        "pool_dict": {"connection_pool": redis.asyncio.ConnectionPool(host=host, port=port, db=2)},
+    }[shape]
+
+    conn = client_like(given, interval_ms=INTERVAL_MS)
+
+    try:
+        assert _reaches(conn, server, db=2)
+        assert socket_timeout(conn) == command_timeout(INTERVAL_MS)
+    finally:
+        conn.close()
+
+
+def test_settings_that_would_unbound_or_rename_the_client_are_not_copied(server: Server) -> None:
+    host, port = _host_port(server)
+    given = {
+        "host": host,
+        "port": port,
+        "socket_timeout": None,
+        "retry_on_timeout": True,
+        "client_name": "bull:d29ya2Vy",
+        "decode_responses": True,
+    }
+
+    conn = client_like(given, interval_ms=INTERVAL_MS)
+
+    try:
+        # Bounded, nameless (not listed among the queue's workers), bytes replies.
+        assert socket_timeout(conn) == command_timeout(INTERVAL_MS)
+        assert conn.client_getname() is None
+        conn.set("k", "v")
+        assert conn.get("k") == b"v"
+    finally:
+        conn.delete("k")
+        conn.close()
+
+
+def test_a_unix_socket_client_is_copied_as_a_unix_socket_client() -> None:
+    folder = Path(tempfile.mkdtemp(prefix="actors-sock-"))
+    path = str(folder / "s.sock")
+    with EmbeddedServer(extra_args=["--unixsocket", path, "--unixsocketperm", "700"]) as private:
+        original = redis.asyncio.Redis(unix_socket_path=path)
+
+        conn = client_like(original, interval_ms=INTERVAL_MS)
+
+        try:
+            assert conn.connection_pool.connection_kwargs["path"] == path
+            assert conn.ping()
+            conn.set("via", "socket")
+            tcp = redis.Redis.from_url(private.url, socket_timeout=5)
+            assert tcp.get("via") == b"socket"
+            tcp.close()
+        finally:
+            conn.close()
+            asyncio.run(original.aclose())
+
+
+def test_the_original_client_is_left_alone(server: Server) -> None:
+    original = redis.Redis.from_url(server.url, socket_timeout=30)
+
+    conn = client_like(original, interval_ms=INTERVAL_MS)
+
+    assert conn is not original
+    assert socket_timeout(original) == 30
+    conn.close()
+    assert original.ping()
+    original.close()
+
+
+@pytest.mark.parametrize(
+    ("given", "fix"),
+    [
+        (object(), "URL, a dict"),
+        (42, "got int"),
+        (b"redis://localhost", "got bytes"),
+    ],
+)
+def test_a_shape_it_cannot_copy_is_refused_naming_the_shapes(given: object, fix: str) -> None:
+    with pytest.raises(TypeError, match=fix):
+        client_like(given, interval_ms=INTERVAL_MS)
+
+
+def test_a_cluster_client_is_refused_with_the_builder_to_use() -> None:
+    # Built without contacting a node: only its type is looked at.
+    cluster = redis.RedisCluster.__new__(redis.RedisCluster)
+    with pytest.raises(TypeError, match=r"cluster_client\(url, interval_ms=400\)"):
+        client_like(cluster, interval_ms=INTERVAL_MS)
