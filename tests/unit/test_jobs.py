@@ -1,0 +1,138 @@
+"""The job table's batch order: a lock not yet renewed goes first in its tick."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors.jobs import JobTable
+
+THRESHOLD = 100
+
+
+class Target:
+    """A ``notify`` target: only its ``tell`` matters here."""
+
+    def tell(self, message: object) -> None:
+        """Accept the message."""
+
+
+def table_with_renewed(count: int, at: int) -> JobTable:
+    """``count`` jobs renewed once at ``at``."""
+    jobs = JobTable()
+    for i in range(count):
+        jobs.track(f"old-{i}", "t", 0)
+    due, _ = jobs.due(at, THRESHOLD)
+    jobs.stamp(due, at)
+    return jobs
+
+
+def test_a_job_tracked_after_a_big_batch_is_first_in_the_next_one() -> None:
+    jobs = table_with_renewed(1000, at=1000)
+    jobs.track("new", "t", 1050)
+
+    due, tokens = jobs.due(1200, THRESHOLD)
+
+    assert due[0] == "new"
+    assert sorted(due[1:]) == sorted(f"old-{i}" for i in range(1000))
+    assert len(tokens) == len(due)
+
+
+def test_once_renewed_it_takes_its_tracking_order_again() -> None:
+    jobs = table_with_renewed(3, at=1000)
+    jobs.track("new", "t", 1050)
+    due, _ = jobs.due(1200, THRESHOLD)
+    jobs.stamp(due, 1200)
+
+    due, _ = jobs.due(1400, THRESHOLD)
+
+    assert due == ["old-0", "old-1", "old-2", "new"]
+
+
+def test_a_fresh_job_not_yet_due_is_not_in_the_batch() -> None:
+    jobs = table_with_renewed(3, at=1000)
+    jobs.track("new", "t", 1150)
+
+    due, _ = jobs.due(1200, THRESHOLD)
+
+    assert due == ["old-0", "old-1", "old-2"]
+    assert "new" in jobs.fresh
+
+
+def test_a_watched_fresh_job_checked_every_tick_goes_first() -> None:
+    jobs = table_with_renewed(3, at=1000)
+    jobs.track("watched", "t", 1150, notify=Target())
+
+    due, _ = jobs.due(1200, THRESHOLD)
+
+    assert due == ["watched", "old-0", "old-1", "old-2"]
+
+
+def test_the_same_token_again_is_not_a_new_lock_but_a_new_token_is() -> None:
+    jobs = table_with_renewed(2, at=1000)
+    jobs.track("old-1", "t", 1050)
+    assert "old-1" not in jobs.fresh
+    jobs.track("old-1", "another", 1050)
+    assert "old-1" in jobs.fresh
+
+
+def test_a_fresh_job_whose_renewal_failed_stays_fresh() -> None:
+    jobs = table_with_renewed(2, at=1000)
+    jobs.track("a", "t", 1050)
+    jobs.track("b", "t", 1060)
+    due, _ = jobs.due(1200, THRESHOLD)
+    assert due[:2] == ["a", "b"]
+
+    # "a" was in a chunk that failed: only the rest are stamped.
+    jobs.stamp([job_id for job_id in due if job_id != "a"], 1200)
+
+    assert list(jobs.fresh) == ["a"]
+    assert jobs.due(1250, THRESHOLD)[0] == ["a"]
+
+
+def test_untracking_forgets_that_it_was_fresh() -> None:
+    jobs = JobTable()
+    jobs.track("a", "t", 0)
+    jobs.untrack("a")
+    assert jobs.fresh == {}
+
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("track"), st.integers(0, 7), st.sampled_from(["t1", "t2"])),
+        st.tuples(st.just("untrack"), st.integers(0, 7), st.none()),
+        st.tuples(st.just("tick"), st.integers(1, 120), st.booleans()),
+    ),
+    max_size=40,
+)
+
+
+@given(operations)
+def test_every_due_job_and_only_those_with_the_unrenewed_first(
+    ops: list[tuple[str, int, object]],
+) -> None:
+    jobs = JobTable()
+    renewed: set[str] = set()
+    now = 1000
+    for op, value, extra in ops:
+        if op == "track":
+            job_id = f"j{value}"
+            if jobs.tokens.get(job_id) != extra:
+                renewed.discard(job_id)
+            jobs.track(job_id, str(extra), now)
+        elif op == "untrack":
+            jobs.untrack(f"j{value}")
+            renewed.discard(f"j{value}")
+        else:
+            now += value
+            due, tokens = jobs.due(now, THRESHOLD)
+            expected = {j for j, ts in jobs.stamps.items() if ts + THRESHOLD < now}
+            assert sorted(due) == sorted(expected)
+            assert tokens == [jobs.tokens[j] for j in due]
+            kinds = [job_id in renewed for job_id in due]
+            assert kinds == sorted(kinds), "a renewed job came before one never renewed"
+            # ``extra``: the whole batch renewed, or only its second half (the
+            # first was in a chunk that failed).
+            done = due if extra else due[len(due) // 2 :]
+            jobs.stamp(done, now)
+            renewed.update(done)
