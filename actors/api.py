@@ -111,8 +111,8 @@ def track_job(
     """Tell ``manager`` to renew ``job_id``'s lock, held with ``token``.
 
     Returns at once. Tracking a tracked job again with the same token changes
-    nothing; with a new token it is a fresh lock. A stopped manager ignores it
-    (with a warning, once).
+    nothing but adding its ``notify``; with a new token it is a fresh lock. A
+    stopped manager ignores it (with a warning, once).
 
     Args:
         manager: The manager.
@@ -121,7 +121,8 @@ def track_job(
         ts: When the lock was taken, in the manager's monotonic milliseconds
             (``time.monotonic_ns() // 1_000_000``); now when ``None``.
         notify: An actor (anything with ``tell``) told a
-            :class:`~actors.LockLost` once if the lock is lost.
+            :class:`~actors.LockLost` once if the lock is lost, as is every
+            other target the lock was tracked with.
         max_hold: Most milliseconds to renew this lock; the manager's
             ``max_hold`` when ``None``.
 

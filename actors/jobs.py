@@ -17,8 +17,9 @@ __all__ = ["JobTable", "Watch"]
 class Watch(NamedTuple):
     """What a few jobs carry beyond their token: who to tell, and until when."""
 
-    #: Told :class:`~actors.LockLost` once when the lock is lost, or ``None``.
-    notify: Notify | None
+    #: Each told :class:`~actors.LockLost` once when the lock is lost, in the
+    #: order they asked; empty for nobody.
+    targets: tuple[Notify, ...]
     #: Monotonic ms after which the manager stops renewing, or ``None``.
     deadline: int | None
 
@@ -64,19 +65,28 @@ class JobTable:
         ts: int,
         notify: Notify | None = None,
         max_hold: int | None = None,
-    ) -> tuple[str, Notify] | None:
+    ) -> tuple[str, tuple[Notify, ...]] | None:
         """Track a job.
 
         The same token again is the same lock: it keeps its older stamp (a job
         tracked over and over, by a progress hook, is still renewed on time),
-        its hold deadline (it cannot slide), and whoever asked to be told of
-        its loss unless another is named. A new token is a new lock: all of
-        that starts again.
+        its hold deadline (it cannot slide), and everybody who asked to be
+        told of its loss; ``notify`` joins them unless it is one of them
+        already (the same object). A new token is a new lock: all of that
+        starts again.
+
+        Args:
+            job_id: The job's id.
+            token: The value its lock holds.
+            ts: When the lock was taken, in monotonic ms.
+            notify: Who to tell of the lock's loss too, or ``None``.
+            max_hold: Most ms to renew the lock from ``ts``, or ``None`` for no
+                limit; a lock that has a hold deadline keeps it.
 
         Returns:
             When a new token replaces a lock somebody waits on: the old token
-            and who to tell that it is lost (another holder has the job now).
-            ``None`` otherwise.
+            and everybody to tell that it is lost (another holder has the job
+            now), in the order they asked. ``None`` otherwise.
         """
         held = self.tokens.get(job_id)
         if held is None and notify is None and max_hold is None:
@@ -91,18 +101,23 @@ class JobTable:
             self.stamps[job_id] = ts
             self.fresh[job_id] = None
             gone = self.watches.pop(job_id, None)
-            if held is not None and gone is not None and gone.notify is not None:
-                replaced = (held, gone.notify)
+            if held is not None and gone is not None and gone.targets:
+                replaced = (held, gone.targets)
             old = None
         else:
             old = self.watches.get(job_id)
         if old is not None:
-            notify = notify if notify is not None else old.notify
+            targets = old.targets
             deadline = old.deadline if old.deadline is not None else _deadline(ts, max_hold)
         else:
+            targets = ()
             deadline = _deadline(ts, max_hold)
-        if notify is not None or deadline is not None:
-            self.watches[job_id] = Watch(notify, deadline)
+        # By identity: an actor's ``actor_ref`` is one object, and comparing
+        # with ``==`` would run a target's own code on the manager's thread.
+        if notify is not None and not any(target is notify for target in targets):
+            targets = (*targets, notify)
+        if targets or deadline is not None:
+            self.watches[job_id] = Watch(targets, deadline)
         return replaced
 
     def untrack(self, job_id: str, token: str | None = None) -> tuple[str, Watch | None] | None:
@@ -140,7 +155,7 @@ class JobTable:
             due.extend(
                 job_id
                 for job_id, watch in self.watches.items()
-                if watch.notify is not None and cutoff <= stamps[job_id] < now
+                if watch.targets and cutoff <= stamps[job_id] < now
             )
         if self.fresh and due:
             due = self._fresh_first(due, now, threshold)
@@ -158,7 +173,7 @@ class JobTable:
             if stamps[job_id] < cutoff
             or (
                 (watch := watches.get(job_id)) is not None
-                and watch.notify is not None
+                and watch.targets
                 and stamps[job_id] < now
             )
         ]

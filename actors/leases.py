@@ -234,7 +234,7 @@ class Lease:
         ):
             self._lose(message)
         else:
-            logger.warning("lease of job %r ignored %r", self.job_id, message)
+            logger.warning("lease of job %r ignored a %s", self.job_id, type(message).__name__)
 
     # -- entering and leaving ---------------------------------------------
 
@@ -283,8 +283,8 @@ class Lease:
             if self._state is not _NEW:
                 raise RuntimeError(f"the lease of job {self.job_id!r} was already entered")
             if key in _HELD_KEYS:
-                # The manager keeps one watcher per lock: a second lease on
-                # the same lock would silently take it over from the first.
+                # Leaving a lease untracks the lock (by its token): a second
+                # lease on the same lock would end the first one's renewal.
                 raise RuntimeError(
                     f"the lock of job {self.job_id!r} with this token is leased already; "
                     "share that lease instead"

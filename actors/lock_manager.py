@@ -130,8 +130,8 @@ class LockManager(pykka.ThreadingActor):
             )
         require_callback(timer, "timer")
         if max_hold is not None:
-            require_int(max_hold, "max_hold", maximum=MAX_DURATION_MS)
-        require_int(max_batch, "max_batch")
+            max_hold = require_int(max_hold, "max_hold", maximum=MAX_DURATION_MS)
+        max_batch = require_int(max_batch, "max_batch")
         if renewer is None:
             if connection is None:
                 raise TypeError("connection is required (a redis.Redis, a RedisCluster or a URL)")
@@ -154,6 +154,8 @@ class LockManager(pykka.ThreadingActor):
         self._make_timer: TimerFactory = timer or self._thread_timer
         self.thread_ident: int | None = None
         self.finished = threading.Event()
+        self.mailbox_gate = threading.Lock()
+        self.mailbox_closed = False
         self._jobs = JobTable()
         #: Who to tell of a lost lock, told once the tick is done.
         self._notes: list[tuple[Notify, LockLost]] = []
@@ -195,6 +197,10 @@ class LockManager(pykka.ThreadingActor):
         self._shutdown()
 
     def _shutdown(self) -> None:
+        # From here on every sender is refused: pykka's last pass over the
+        # mailbox, after this, fails whatever was put before.
+        with self.mailbox_gate:
+            self.mailbox_closed = True
         try:
             for job_id in list(self._jobs.watches):
                 self._forget(job_id, MANAGER_STOPPED)
@@ -222,11 +228,14 @@ class LockManager(pykka.ThreadingActor):
             if handler is not None:
                 return handler(self, message)
             return self.handle(message)
-        except Exception:
+        except BaseException:
+            # A BaseException too: left to pykka, it would stop every actor
+            # of the process. Only the type is named: a repr is the sender's
+            # code, and may raise.
             logger.warning(
-                "LockManager for queue %r dropped message %r",
+                "LockManager for queue %r dropped a %s message",
                 self.queue_name,
-                message,
+                type(message).__name__,
                 exc_info=True,
             )
             return None
@@ -236,7 +245,9 @@ class LockManager(pykka.ThreadingActor):
         handler = _HANDLERS.get(type(message))
         if handler is None:
             logger.warning(
-                "LockManager for queue %r ignored unknown message %r", self.queue_name, message
+                "LockManager for queue %r ignored an unknown %s message",
+                self.queue_name,
+                type(message).__name__,
             )
             return None
         return handler(self, message)
@@ -252,10 +263,10 @@ class LockManager(pykka.ThreadingActor):
         max_hold = message.max_hold if message.max_hold is not None else self._max_hold
         replaced = self._jobs.track(job_id, token, ts, message.notify, max_hold)
         if replaced is not None:
-            # The job was taken again with a new token: whoever waited on the
-            # old lock must learn it belongs to another run now.
-            old_token, target = replaced
-            self._notes.append((target, LockLost(job_id, old_token, STOLEN)))
+            # The job was taken again with a new token: everybody who waited
+            # on the old lock must learn it belongs to another run now.
+            old_token, targets = replaced
+            self._notes.extend((target, LockLost(job_id, old_token, STOLEN)) for target in targets)
             self._deliver()
 
     def _on_untrack(self, message: UntrackJob) -> None:
@@ -306,9 +317,9 @@ class LockManager(pykka.ThreadingActor):
     def _guarded(self, kind: type, *args: Any) -> Any:
         try:
             message = kind(*args)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError) as error:
             logger.warning(
-                "LockManager for queue %r dropped %s%r", self.queue_name, kind.__name__, args
+                "LockManager for queue %r dropped a %s: %s", self.queue_name, kind.__name__, error
             )
             return None
         return self.handle(message)
@@ -412,13 +423,17 @@ class LockManager(pykka.ThreadingActor):
         return renewed, lost
 
     def _forget(self, job_id: str, reason: Reason, token: str | None = None) -> LostLock:
-        """Untrack a job whose lock is lost; queue a word for whoever asked to be told."""
+        """Untrack a job whose lock is lost; queue a word for each who asked to be told."""
         entry = self._jobs.untrack(job_id)
         if entry is None:
             return LostLock(job_id, token or "", reason)
         held, watch = entry
-        if watch is not None and watch.notify is not None:
-            self._notes.append((watch.notify, LockLost(job_id, token or held, reason)))
+        if watch is not None:
+            # One LockLost each: a target that raises its message must not
+            # leave its traceback on another's.
+            self._notes.extend(
+                (target, LockLost(job_id, token or held, reason)) for target in watch.targets
+            )
         return LostLock(job_id, token or held, reason)
 
     def _deliver(self) -> None:
@@ -430,9 +445,9 @@ class LockManager(pykka.ThreadingActor):
                 target.tell(message)
             except BaseException:
                 logger.warning(
-                    "LockManager for queue %r: could not tell %r that job %r lost its lock",
+                    "LockManager for queue %r: could not tell a %s that job %r lost its lock",
                     self.queue_name,
-                    target,
+                    type(target).__name__,
                     message.job_id,
                     exc_info=True,
                 )

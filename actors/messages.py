@@ -47,8 +47,9 @@ class TrackJob:
     """Start renewing a job's lock (tell).
 
     Tracking a tracked job with a new token replaces the token and restarts
-    its clock (a fresh lock); with the same token it changes nothing, so a
-    progress hook that tracks again never delays a renewal.
+    its clock (a fresh lock); with the same token it changes nothing but
+    adding its ``notify``, so a progress hook that tracks again never delays
+    a renewal.
     """
 
     #: The job's id, as in its lock key ``{prefix}:{queue}:{job_id}:lock``.
@@ -58,7 +59,8 @@ class TrackJob:
     #: When the lock was taken, on the manager's monotonic clock, in
     #: milliseconds; ``None`` stamps it when the message is sent.
     ts: int | None = None
-    #: Told :class:`~actors.LockLost` once if the lock is lost; ``None`` for nobody.
+    #: Told :class:`~actors.LockLost` once if the lock is lost (with any other
+    #: target the lock was tracked with); ``None`` for nobody.
     notify: Notify | None = None
     #: Most milliseconds to keep renewing the lock; ``None`` for the manager's
     #: ``max_hold``.
@@ -67,16 +69,16 @@ class TrackJob:
     def __post_init__(self) -> None:
         # The common case in one cheap test: a worker tracks by the thousand.
         if not (is_valid_text(self.job_id) and is_valid_text(self.token)):
-            require_text(self.job_id, "job_id")
-            require_text(self.token, "token")
+            _set(self, "job_id", require_text(self.job_id, "job_id"))
+            _set(self, "token", require_text(self.token, "token"))
         if self.ts is not None and not (type(self.ts) is int and _LOW <= self.ts <= _HIGH):
-            require_int(self.ts, "ts", minimum=_LOW, maximum=_HIGH)
+            _set(self, "ts", require_int(self.ts, "ts", minimum=_LOW, maximum=_HIGH))
         if self.notify is not None and not callable(getattr(self.notify, "tell", None)):
             raise TypeError(
                 f"notify must have a tell() method (an ActorRef), got {type(self.notify).__name__}"
             )
         if self.max_hold is not None:
-            require_int(self.max_hold, "max_hold", maximum=MAX_DURATION_MS)
+            _set(self, "max_hold", require_int(self.max_hold, "max_hold", maximum=MAX_DURATION_MS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +93,9 @@ class UntrackJob:
 
     def __post_init__(self) -> None:
         if not is_valid_text(self.job_id):
-            require_text(self.job_id, "job_id")
+            _set(self, "job_id", require_text(self.job_id, "job_id"))
         if self.token is not None:
-            require_text(self.token, "token")
+            _set(self, "token", require_text(self.token, "token"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +112,11 @@ class ExtendLocks:
 
     def __post_init__(self) -> None:
         if self.scheduled is not None:
-            require_int(self.scheduled, "scheduled", minimum=_LOW, maximum=_HIGH)
+            _set(
+                self,
+                "scheduled",
+                require_int(self.scheduled, "scheduled", minimum=_LOW, maximum=_HIGH),
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +137,15 @@ class IsTracked:
     job_id: str
 
     def __post_init__(self) -> None:
-        require_text(self.job_id, "job_id")
+        _set(self, "job_id", require_text(self.job_id, "job_id"))
 
 
 @dataclass(frozen=True, slots=True)
 class GetStats:
     """Ask for the manager's counters; the reply is a :class:`~actors.Stats`."""
+
+
+def _set(message: object, field: str, value: object) -> None:
+    # A frozen dataclass's own way to store a checked value in __post_init__:
+    # the plain str or int the check returned, never the caller's subclass.
+    object.__setattr__(message, field, value)

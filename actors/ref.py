@@ -12,7 +12,11 @@ not — so this is where each door is made to behave the same:
 - a ``TrackJob`` without a time is stamped with the caller's clock;
 - asked from the manager's own thread (a callback), a query is answered at
   once from the state right there instead of waiting for itself forever;
-- a stopped manager says so (:class:`ManagerStopped`).
+- anything that is not one of the manager's messages (or pykka's own, as a
+  proxy or ``stop`` sends them) is refused with a ``TypeError``; what goes on
+  to the manager is built here from checked parts, never the caller's object;
+- a stopped manager says so (:class:`ManagerStopped`), and every message is
+  either answered or refused: none is left in a mailbox nobody reads.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pykka
-from pykka.messages import ProxyCall, ProxyGetAttr, ProxySetAttr
+from pykka.messages import ProxyCall, ProxyGetAttr, ProxySetAttr, _ActorStop
 
 from actors.messages import (
     ExtendLocks,
@@ -68,6 +72,12 @@ class _Core(Protocol):
     clock: Callable[[], int]
     thread_ident: int | None
     finished: threading.Event
+    #: Held while a message goes into the mailbox, and while the manager
+    #: closes it: a message is put before the manager stops (and is then
+    #: answered, or failed by pykka's last pass over the mailbox) or refused.
+    mailbox_gate: threading.Lock
+    #: Set, under the gate, as the manager starts to stop.
+    mailbox_closed: bool
 
     def handle(self, message: Any) -> Any:
         """Handle ``message`` now, on the calling thread (the manager's own)."""
@@ -122,10 +132,13 @@ class ManagerRef(pykka.ActorRef[Any]):
             ManagerStopped: The manager is stopped.
         """
         message = self._admit(message)
-        try:
-            super().tell(message)
-        except pykka.ActorDeadError:
-            raise self.stopped_error() from None
+        with self._core.mailbox_gate:
+            if self._core.mailbox_closed:
+                raise self.stopped_error()
+            try:
+                super().tell(message)
+            except pykka.ActorDeadError:
+                raise self.stopped_error() from None
 
     def ask(self, message: Any, *, block: bool = True, timeout: float | None = None) -> Any:
         """Send ``message`` and return the answer (or its future with ``block=False``).
@@ -154,17 +167,21 @@ class ManagerRef(pykka.ActorRef[Any]):
             if isinstance(message, ProxyGetAttr):
                 return _answer(getattr(self._core, message.attr_path[0]), block)
             if isinstance(message, ProxyCall):  # stop(): after the current message
-                super().tell(message)
+                self.tell(message)
                 return _answer(None, block)
             if block:
                 raise RuntimeError(
                     f"a LockManager cannot wait for its own answer to {message!r} from its "
                     "own thread (a callback)"
                 )
-        if not self.is_alive():
-            return _failure(self.stopped_error(), block)
+        with self._core.mailbox_gate:
+            if self._core.mailbox_closed or not self.is_alive():
+                return _failure(self.stopped_error(), block)
+            future = super().ask(message, block=False)
+        if not block:
+            return future
         try:
-            return super().ask(message, block=block, timeout=timeout)
+            return future.get(timeout=timeout)
         except ManagerStopped:
             raise
         except pykka.ActorDeadError:
@@ -202,29 +219,57 @@ class ManagerRef(pykka.ActorRef[Any]):
             return message
         if cls in _PASS:
             return message
-        if isinstance(message, ProxyCall):
-            path = message.attr_path
+        if cls is ProxyCall:
+            path, args, kwargs = _parts(message)
             kind = _OPERATIONS.get(path[0]) if len(path) == 1 else None
             if kind is None:
                 if path == ("stop",):
-                    if message.args or message.kwargs:
+                    if args or kwargs:
                         raise TypeError("stop() takes no arguments through a proxy")
-                    return message
+                    return _STOP
                 raise AttributeError(
                     f"LockManager has no operation {'.'.join(path)!r} for a proxy to call; "
                     f"the operations are {', '.join(_OPERATIONS)}"
                 )
-            return self._admit(kind(*message.args, **message.kwargs))
-        if isinstance(message, ProxySetAttr):
+            return self._admit(kind(*args, **kwargs))
+        if cls is ProxySetAttr:
             raise AttributeError("a LockManager's attributes cannot be set through a proxy")
-        if isinstance(message, ProxyGetAttr):
-            path = message.attr_path
+        if cls is ProxyGetAttr:
+            path = _path(message.attr_path)
             if len(path) != 1 or path[0].startswith("_") or not hasattr(self._core, path[0]):
                 raise AttributeError(
                     f"a proxy can read only a LockManager's public attributes, not "
                     f"{'.'.join(path)!r}"
                 )
-        return message
+            return ProxyGetAttr(attr_path=path)
+        if cls is _ActorStop:
+            return message
+        raise TypeError(
+            f"a LockManager takes its messages ({', '.join(m.__name__ for m in _MESSAGES)}) "
+            f"or proxy calls, got {cls.__name__}"
+        )
+
+
+#: What a proxy's ``stop()`` is forwarded as: built here, not the caller's.
+_STOP = ProxyCall(attr_path=("stop",), args=(), kwargs={})
+
+
+def _path(path: object) -> tuple[str, ...]:
+    """Return a proxy message's attribute path, as plain strings, or raise."""
+    if type(path) is not tuple or not all(type(name) is str for name in path):
+        raise TypeError(f"a proxy message's path must be a tuple of str, got {type(path).__name__}")
+    return path
+
+
+def _parts(message: ProxyCall) -> tuple[tuple[str, ...], tuple[Any, ...], dict[str, Any]]:
+    """Return a proxy call's path, arguments and keywords, each of its plain type, or raise."""
+    args, kwargs = message.args, message.kwargs
+    if type(args) is not tuple or type(kwargs) is not dict:
+        raise TypeError(
+            "a proxy call's args must be a tuple and its kwargs a dict, got "
+            f"{type(args).__name__} and {type(kwargs).__name__}"
+        )
+    return _path(message.attr_path), args, kwargs
 
 
 def require_manager(manager: object) -> ManagerRef:

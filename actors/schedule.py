@@ -69,8 +69,10 @@ class Timing:
         if renew is None:
             duration = require_int(duration, "lock_duration", minimum=4)
             renew = duration // 2
-            object.__setattr__(self, "lock_renew_time", renew)
-        require_int(renew, "lock_renew_time", maximum=MAX_DURATION_MS)
+        renew = require_int(renew, "lock_renew_time", maximum=MAX_DURATION_MS)
+        # The plain ints the checks return, never a caller's int subclass.
+        object.__setattr__(self, "lock_duration", duration)
+        object.__setattr__(self, "lock_renew_time", renew)
         if renew >= duration:
             raise ValueError(
                 f"lock_renew_time must be below lock_duration ({duration}), got {renew}"

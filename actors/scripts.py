@@ -16,6 +16,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import msgpack
+from redis.client import NEVER_DECODE
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from actors.connection import hash_slot, is_cluster
@@ -322,6 +323,11 @@ def extend_locks(
     return outcome.failed
 
 
+#: Options of a command whose reply is kept as the server's bytes. redis-py
+#: honours them on ``redis.Redis`` and ``redis.RedisCluster``, in pipelines too.
+_RAW: dict[str, Any] = {NEVER_DECODE: True}
+
+
 def classify_failed(
     conn: Any,
     keys: QueueKeys,
@@ -337,13 +343,19 @@ def classify_failed(
     cluster it finds the lock on whichever node holds it now.
 
     - no key: :data:`EXPIRED`;
-    - another value, or a key of another type: :data:`STOLEN`;
+    - any value but the exact UTF-8 bytes of the job's token, or a key of
+      another type: :data:`STOLEN`;
     - the job's own token: the script could not see it (a cluster slot was
       migrating): a one-job :class:`ChunkError` carrying
       :class:`UnconfirmedLossError`, retried by the next tick.
 
-    When the read-back itself fails, every reported id becomes such an error:
-    its lock is in an unknown state, and the next tick tries again.
+    Values are read and compared as raw bytes, whatever the client's
+    ``decode_responses``: a value that is not UTF-8 is another holder's, not
+    a reply that cannot be read.
+
+    When the read-back itself fails, whatever the exception, every reported
+    id becomes such an error: its lock is in an unknown state, and the next
+    tick tries again.
 
     Args:
         conn: The client the script ran on.
@@ -353,17 +365,23 @@ def classify_failed(
         outcome: What the script reported.
     """
     position = {job_id: i for i, job_id in enumerate(job_ids)}
-    pipe = conn.pipeline(transaction=False)
-    for job_id in outcome.failed:
-        # Built as the script builds it: the ids come back from the server as sent.
-        pipe.get(keys.key_prefix + job_id + LOCK_SUFFIX)
     try:
+        pipe = conn.pipeline(transaction=False)
+        for job_id in outcome.failed:
+            # Built as the script builds it: the ids come back from the server
+            # as sent. Read undecoded: a client with decode_responses would
+            # raise on a value that is not UTF-8, and decoding with
+            # replacement would make foreign bytes equal a token holding U+FFFD.
+            pipe.execute_command("GET", keys.key_prefix + job_id + LOCK_SUFFIX, **_RAW)
         values = pipe.execute(raise_on_error=False)
-    except RedisError as exc:
+    except Exception as exc:
+        # Not only RedisError: whatever went wrong, these locks may still be
+        # held, so the jobs stay tracked and on_error hears of it every tick.
         logger.warning(
-            "queue %r: could not read back %d lost lock(s), retrying them next tick: %s",
+            "queue %r: could not read back %d lost lock(s), retrying them next tick: %s: %s",
             keys.name,
             len(outcome.failed),
+            type(exc).__name__,
             exc,
         )
         values = [exc] * len(outcome.failed)
@@ -377,13 +395,14 @@ def classify_failed(
             reasons[job_id] = STOLEN
             lost.append(job_id)
             continue
-        if isinstance(value, Exception):
-            held.append(ChunkError(i, i + 1, _unconfirmed(keys, job_id, value)))
-            continue
-        current = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-        if current is None:
+        if value is None:
             reasons[job_id] = EXPIRED
-        elif current == tokens[i]:
+        elif not isinstance(value, bytes):
+            # An error, or a reply GET never gives: the lock's state is unknown.
+            cause = value if isinstance(value, Exception) else _unexpected(value)
+            held.append(ChunkError(i, i + 1, _unconfirmed(keys, job_id, cause)))
+            continue
+        elif value == tokens[i].encode("utf-8"):
             held.append(ChunkError(i, i + 1, _unconfirmed(keys, job_id, None)))
             continue
         else:
@@ -399,12 +418,19 @@ def classify_failed(
     return BatchOutcome(lost, [*outcome.errors, *held], reasons)
 
 
+def _unexpected(value: object) -> ResponseError:
+    return ResponseError(f"GET returned {type(value).__name__}, expected bytes or nothing")
+
+
 def _unconfirmed(keys: QueueKeys, job_id: str, cause: Exception | None) -> UnconfirmedLossError:
     if cause is not None:
-        return UnconfirmedLossError(
+        error = UnconfirmedLossError(
             f"the lock of job {job_id!r} was reported lost but could not be read back "
             f"({type(cause).__name__}: {cause}); it is retried next tick"
         )
+        # Kept for on_error and the logged traceback: the cause may be no RedisError.
+        error.__cause__ = cause
+        return error
     return UnconfirmedLossError(
         f"the lock of job {job_id!r} is still held but the renewal script could not see it "
         f"(slot {hash_slot(keys.stalled)} is being migrated); it is retried next tick"

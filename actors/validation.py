@@ -44,11 +44,13 @@ def is_valid_text(value: object) -> bool:
 
 
 def require_text(value: object, argument: str) -> str:
-    """Return ``value`` if it is a non-empty ``str`` that encodes as UTF-8.
+    """Return ``value`` as a plain ``str`` if it is a non-empty one that encodes as UTF-8.
 
     Lock keys, tokens and the script's packed arguments are UTF-8 on every
     runtime, so a lone surrogate (as ``surrogateescape`` decoding leaves) could
-    never name a lock.
+    never name a lock. A ``str`` subclass is copied to a plain ``str``: what
+    the manager keeps must not run a caller's methods (``__hash__``,
+    ``__eq__``, ``__repr__``) on its thread.
 
     Raises:
         TypeError: ``value`` is not a ``str``.
@@ -59,6 +61,10 @@ def require_text(value: object, argument: str) -> str:
         return value  # type: ignore[return-value]
     if not isinstance(value, str):
         raise TypeError(f"{argument} must be a str, got {type(value).__name__}")
+    # str's own __str__ copies a subclass's characters, calling none of its methods.
+    value = str.__str__(value)
+    if is_valid_text(value):
+        return value
     if not value:
         raise ValueError(f"{argument} must not be empty")
     try:
@@ -73,7 +79,10 @@ def require_text(value: object, argument: str) -> str:
 def require_int(
     value: object, argument: str, *, minimum: int = 1, maximum: int | None = None
 ) -> int:
-    """Return ``value`` if it is an ``int`` (not a ``bool``) within the bounds.
+    """Return ``value`` as a plain ``int`` if it is an ``int`` (not a ``bool``) within the bounds.
+
+    An ``int`` subclass (an ``IntEnum``, say) is copied to a plain ``int``, as
+    :func:`require_text` does for ``str``.
 
     Raises:
         TypeError: ``value`` is not an ``int``.
@@ -81,6 +90,8 @@ def require_int(
     """
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{argument} must be an int, got {type(value).__name__}")
+    # int's own __index__ copies a subclass's value, calling none of its methods.
+    value = int.__index__(value)
     if value < minimum:
         floor = "positive" if minimum == 1 else f"at least {minimum}"
         raise ValueError(f"{argument} must be {floor}, got {value}")

@@ -151,14 +151,18 @@ def test_callback_that_blocks_briefly_delays_queries_but_loses_nothing(
     assert slowest < block_s + 1.0
 
 
-#: Messages no door lets anyone build, built anyway (as a plain pykka
-#: reference could send them): each must be dropped, leaving the manager up.
-GARBAGE: list[object] = [
+#: What is no message at all: refused at the caller.
+NOT_MESSAGES: list[object] = [
     object(),
     "extend_locks",
     42,
     None,
     {"command": "track", "job_id": "x"},
+]
+
+#: Messages no door lets anyone build, built anyway (as a plain pykka
+#: reference could send them): each must be dropped, leaving the manager up.
+GARBAGE: list[object] = [
     unchecked(TrackJob, job_id=123, token="token", ts=0),
     unchecked(TrackJob, job_id="", token="", ts=0),
     unchecked(TrackJob, job_id="x", token=None, ts=0),
@@ -178,9 +182,17 @@ def test_garbage_messages_are_dropped_and_renewal_goes_on(
     for job_id, token in jobs.items():
         track_job(manager, job_id, token)
     record.fault = "garbage messages (tell and ask)"
-    record.asserted = "each dropped; tracked set unchanged; renewals go on"
+    record.asserted = (
+        "non-messages refused at the caller, forged messages dropped; tracked set "
+        "unchanged; renewals go on"
+    )
 
     # When every kind of garbage is told and asked
+    for thing in NOT_MESSAGES:
+        with pytest.raises(TypeError):
+            manager.tell(thing)
+        with pytest.raises(TypeError):
+            manager.ask(thing, timeout=5)
     for message in GARBAGE:
         manager.tell(message)
         assert manager.ask(message, timeout=5) is None

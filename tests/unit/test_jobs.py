@@ -136,3 +136,69 @@ def test_every_due_job_and_only_those_with_the_unrenewed_first(
             done = due if extra else due[len(due) // 2 :]
             jobs.stamp(done, now)
             renewed.update(done)
+
+
+def test_each_target_of_a_lock_is_kept_once_in_the_order_it_asked() -> None:
+    a, b = Target(), Target()
+    jobs = JobTable()
+    jobs.track("j", "t", 0, notify=a)
+    jobs.track("j", "t", 10, notify=b)
+    jobs.track("j", "t", 20, notify=a)
+    jobs.track("j", "t", 30)  # a progress hook
+    jobs.track("plain", "t", 0)
+    jobs.track("held", "t", 0, max_hold=1000)
+
+    assert jobs.watches["j"].targets == (a, b)
+    assert jobs.stamps["j"] == 0
+    # A job nobody waits on stays in the flat dicts only.
+    assert "plain" not in jobs.watches
+    # Waited on, it is checked at every tick; held only to a deadline, it is not.
+    assert jobs.due(50, THRESHOLD)[0] == ["j"]
+
+
+def test_a_new_token_hands_back_every_target_of_the_old_lock() -> None:
+    a, b, c = Target(), Target(), Target()
+    jobs = JobTable()
+    jobs.track("j", "old", 0, notify=a)
+    jobs.track("j", "old", 0, notify=b)
+
+    replaced = jobs.track("j", "new", 10, notify=c)
+
+    assert replaced == ("old", (a, b))
+    assert jobs.watches["j"].targets == (c,)
+
+
+def test_a_new_token_without_a_target_leaves_no_watch() -> None:
+    a, b = Target(), Target()
+    jobs = JobTable()
+    jobs.track("j", "old", 0, notify=a)
+    jobs.track("j", "old", 0, notify=b)
+
+    assert jobs.track("j", "new", 10) == ("old", (a, b))
+    assert "j" not in jobs.watches
+
+
+def test_adding_a_target_keeps_the_hold_deadline() -> None:
+    a, b = Target(), Target()
+    jobs = JobTable()
+    jobs.track("j", "t", 0, notify=a, max_hold=100)
+    jobs.track("j", "t", 60, notify=b, max_hold=100)
+
+    assert jobs.watches["j"].targets == (a, b)
+    assert jobs.watches["j"].deadline == 100
+    assert jobs.overdue(100) == ["j"]
+
+
+def test_untracking_hands_back_every_target() -> None:
+    a, b = Target(), Target()
+    jobs = JobTable()
+    jobs.track("j", "t", 0, notify=a)
+    jobs.track("j", "t", 0, notify=b)
+
+    entry = jobs.untrack("j", "t")
+
+    assert entry is not None
+    token, watch = entry
+    assert token == "t"
+    assert watch is not None and watch.targets == (a, b)
+    assert "j" not in jobs.watches

@@ -149,17 +149,23 @@ def test_a_malformed_message_cannot_be_built(
         build()
 
 
+def test_what_is_no_message_is_refused_at_the_caller(manager: ManagerRef) -> None:
+    for garbage in ("garbage", None, 42, object()):
+        with pytest.raises(TypeError, match="takes its messages"):
+            manager.tell(garbage)
+        with pytest.raises(TypeError, match="takes its messages"):
+            manager.ask(garbage, timeout=5)
+
+    assert manager.is_alive()
+
+
 def test_malformed_messages_that_reach_it_do_not_kill_the_manager(manager: ManagerRef) -> None:
-    garbage: list[object] = [
-        "garbage",
-        None,
-        42,
-        object(),
+    forged: list[object] = [
         unchecked(TrackJob, job_id=None, token=None, ts=0),
         unchecked(TrackJob, job_id="j", token="", ts=0),
         unchecked(UntrackJob, job_id=""),
     ]
-    for message in garbage:
+    for message in forged:
         manager.tell(message)
     track_job(manager, "j", "t")
 

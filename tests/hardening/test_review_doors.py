@@ -1,0 +1,337 @@
+"""Defects a third hostile review found at the doors, each as a failing test on a real server.
+
+A caller's object runs code when the manager looks at it: ``__repr__`` when it
+is logged, comparisons when it is stored, ``__eq__`` when it is checked. None
+of that may run on the manager's thread, and none of it may decide what the
+manager does; and no message may be left in a mailbox that nobody reads.
+Locks are short (``TTL`` ms); every wait is a multiple of the interval or a
+polling deadline.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import pykka
+import pytest
+from pykka.messages import ProxyCall, ProxyGetAttr
+
+from actors import (
+    IsTracked,
+    ManagerStopped,
+    QueueKeys,
+    TrackJob,
+    UntrackJob,
+    is_tracked,
+    start_link,
+    stop,
+    track_job,
+    untrack_job,
+)
+from actors.schedule import Timing
+from tests.support import take_locks, wait_for, wait_ticks, watch_locks
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from types import FrameType
+
+    import redis
+
+    from actors import ManagerRef
+
+KEYS = QueueKeys("doors")
+TTL = 400  # ms: renew window 200 ms, interval and threshold 100 ms
+INTERVAL_S = TTL / 4 / 1000
+#: Long enough for a lock nobody renews to expire, with a margin.
+WATCH_S = 3 * TTL / 1000
+
+
+def _hostile(what: str) -> None:
+    """End the calling thread, unless it is the test's own (pytest formats failures there)."""
+    if threading.current_thread() is not threading.main_thread():
+        raise SystemExit(what)
+
+
+class _Raises:
+    """Whatever the manager might call on it ends the thread that calls it."""
+
+    def __repr__(self) -> str:
+        _hostile("repr")
+        return "<_Raises>"
+
+    def __hash__(self) -> int:
+        _hostile("hash")
+        return 0
+
+    def __eq__(self, other: object) -> bool:
+        _hostile("eq")
+        return self is other
+
+
+class _Bystander(pykka.ThreadingActor):
+    """Another actor of the process, which nothing the manager meets may stop."""
+
+
+@pytest.fixture
+def logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    # Records are formatted (so every %r runs), as with logging.basicConfig().
+    caplog.set_level(logging.DEBUG)
+    yield
+
+
+@pytest.fixture
+def bystander() -> Iterator[pykka.ActorRef[Any]]:
+    ref = _Bystander.start()
+    yield ref
+    ref.stop()
+
+
+def _manager(client: redis.Redis, **options: Any) -> ManagerRef:
+    options.setdefault("lock_duration", TTL)
+    return start_link(connection=client, keys=KEYS, **options)
+
+
+def _still_renewing(manager: ManagerRef, client: redis.Redis, tokens: dict[str, str]) -> None:
+    seen = watch_locks(client, KEYS, tokens, seconds=WATCH_S, every=0.02)
+    assert seen.missing == set(), f"locks expired while tracked: {sorted(seen.missing)}"
+    wait_ticks(manager, 2, timeout=20 * INTERVAL_S)
+
+
+@pytest.mark.usefixtures("logged")
+def test_an_object_that_is_no_message_is_refused_at_the_caller(
+    redis_client: redis.Redis, bystander: pykka.ActorRef[Any]
+) -> None:
+    """Defect: garbage went to the manager, whose log line ran its ``__repr__`` (SystemExit)."""
+    tokens = take_locks(redis_client, KEYS, ["a"], TTL)
+    manager = _manager(redis_client)
+    track_job(manager, "a", tokens["a"])
+
+    for door in (manager.tell, manager.ask):
+        with pytest.raises(TypeError, match="got _Raises"):
+            door(_Raises())
+
+    _still_renewing(manager, redis_client, tokens)
+    assert manager.is_alive() and bystander.is_alive()
+
+
+@pytest.mark.usefixtures("logged")
+def test_a_message_forged_after_it_was_built_is_dropped_without_looking_inside(
+    redis_client: redis.Redis, bystander: pykka.ActorRef[Any]
+) -> None:
+    """Defect: a dropped message was logged with ``%r``: a forged field stopped every actor."""
+    tokens = take_locks(redis_client, KEYS, ["a"], TTL)
+    manager = _manager(redis_client)
+    track_job(manager, "a", tokens["a"])
+    for message in (TrackJob("x", "t", ts=1), UntrackJob("x"), IsTracked("x")):
+        # A frozen dataclass can still be written with object.__setattr__.
+        object.__setattr__(message, "job_id", _Raises())
+        manager.tell(message)
+
+    _still_renewing(manager, redis_client, tokens)
+    assert manager.is_alive() and bystander.is_alive()
+
+
+@pytest.mark.usefixtures("logged")
+def test_a_notify_target_whose_tell_fails_is_named_by_its_type(
+    redis_client: redis.Redis, bystander: pykka.ActorRef[Any]
+) -> None:
+    """Defect: a failed ``tell`` was logged with the target's ``%r``: SystemExit stopped all."""
+
+    class Target(_Raises):
+        def tell(self, message: object) -> None:
+            raise RuntimeError("mailbox full")
+
+    tokens = take_locks(redis_client, KEYS, ["a"], TTL)
+    manager = _manager(redis_client)
+    track_job(manager, "a", tokens["a"])
+    track_job(manager, "gone", "token-of-a-lock-that-never-was", notify=Target())
+    wait_for(lambda: not is_tracked(manager, "gone"), 20 * INTERVAL_S, "the loss of 'gone'")
+
+    _still_renewing(manager, redis_client, tokens)
+    assert manager.is_alive() and bystander.is_alive()
+
+
+class _Hostile(int):
+    """An int whose comparisons and conversions end the thread that calls them."""
+
+    def __lt__(self, other: object) -> bool:
+        _hostile("lt")
+        return int(self) < other  # type: ignore[operator]
+
+    def __gt__(self, other: object) -> bool:
+        _hostile("gt")
+        return int(self) > other  # type: ignore[operator]
+
+    def __add__(self, other: object) -> int:
+        _hostile("add")
+        return int(self) + other  # type: ignore[operator]
+
+    def __index__(self) -> int:
+        _hostile("index")
+        return int(self)
+
+
+class _HostileStr(str):
+    """A str whose hash, equality and repr end the thread that calls them."""
+
+    def __hash__(self) -> int:
+        _hostile("hash")
+        return str.__hash__(self)
+
+    def __eq__(self, other: object) -> bool:
+        _hostile("eq")
+        return str.__eq__(self, other)
+
+    def __repr__(self) -> str:
+        _hostile("repr")
+        return str.__repr__(self)
+
+
+def test_an_int_subclass_is_kept_as_a_plain_int(redis_client: redis.Redis) -> None:
+    """Defect: a ``ts`` or ``max_hold`` of an int subclass was stored, and broke every tick."""
+    tokens = take_locks(redis_client, KEYS, ["a", "b"], TTL)
+    manager = _manager(redis_client)
+    ts = manager.clock()
+    message = TrackJob("a", tokens["a"], ts=_Hostile(ts), max_hold=_Hostile(60_000))
+    assert type(message.ts) is int and message.ts == ts
+    assert type(message.max_hold) is int and message.max_hold == 60_000
+    manager.tell(message)
+    track_job(manager, "b", tokens["b"], max_hold=_Hostile(60_000))
+
+    _still_renewing(manager, redis_client, tokens)
+
+
+def test_an_int_enum_is_a_fine_duration() -> None:
+    class Ms(enum.IntEnum):
+        LOCK = 800
+        RENEW = 400
+
+    timing = Timing(Ms.LOCK, Ms.RENEW)
+    assert type(timing.lock_duration) is int and type(timing.lock_renew_time) is int
+    assert (timing.lock_duration, timing.renew_time) == (800, 400)
+
+
+def test_a_str_subclass_is_kept_as_a_plain_str(redis_client: redis.Redis) -> None:
+    """Defect: a str subclass was refused with a false reason ("must be at most 65536 bytes")."""
+    tokens = take_locks(redis_client, KEYS, ["a"], TTL)
+    manager = _manager(redis_client)
+    message = TrackJob(_HostileStr("a"), _HostileStr(tokens["a"]))
+    assert type(message.job_id) is str and type(message.token) is str
+    manager.tell(message)
+    with pytest.raises(ValueError, match="must not be empty"):
+        UntrackJob(_HostileStr(""))
+
+    _still_renewing(manager, redis_client, tokens)
+
+
+class _Falsy(tuple):  # type: ignore[type-arg]
+    """A tuple that says it is empty when asked, whatever it holds."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
+class _LooksLikeStop(tuple):  # type: ignore[type-arg]
+    """A path equal to ``("stop",)`` to whoever compares, holding another."""
+
+    def __eq__(self, other: object) -> bool:
+        return other == ("stop",) or tuple.__eq__(self, other)
+
+    def __hash__(self) -> int:
+        return hash(("stop",))
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        ProxyCall(attr_path=("stop",), args=_Falsy(("x",)), kwargs={}),
+        ProxyCall(attr_path=_LooksLikeStop(("_timer", "close")), args=(), kwargs={}),
+        ProxyGetAttr(attr_path=_LooksLikeStop(("_jobs",))),
+    ],
+    ids=["falsy-args", "path-equal-to-stop", "get-attr-path"],
+)
+def test_a_forged_proxy_message_is_refused_and_what_goes_on_is_rebuilt(
+    redis_client: redis.Redis, forged: Any
+) -> None:
+    """Defect: the checked message was forwarded as given: a forged ``stop`` closed the timer."""
+    tokens = take_locks(redis_client, KEYS, ["a"], TTL)
+    manager = _manager(redis_client)
+    track_job(manager, "a", tokens["a"])
+
+    with pytest.raises(TypeError):
+        manager.tell(forged)
+
+    _still_renewing(manager, redis_client, tokens)
+    assert manager.is_alive()
+
+
+def _held_at_the_mailbox(holding: threading.Event, release: threading.Event) -> Any:
+    """A trace function that holds a thread just before pykka puts its message in the mailbox.
+
+    As a preemption at the worst moment would: the manager may stop meanwhile.
+    It sets ``holding`` once there, and goes on when ``release`` is set.
+    """
+    ref_module = os.path.join("pykka", "_ref.py")
+
+    def tracer(frame: FrameType, event: str, arg: object) -> Any:
+        caller = frame.f_back
+        if (
+            event == "call"
+            and frame.f_code.co_name == "put"
+            and caller is not None
+            and caller.f_code.co_filename.endswith(ref_module)
+        ):
+            holding.set()
+            release.wait(20 * INTERVAL_S)
+        return None
+
+    return tracer
+
+
+def test_an_ask_racing_stop_is_answered(redis_client: redis.Redis) -> None:
+    """Defect: an ask put after pykka's last pass over the mailbox waited forever."""
+    before = set(threading.enumerate())
+    manager = _manager(redis_client)
+    (actor_thread,) = [
+        thread
+        for thread in set(threading.enumerate()) - before
+        if thread.name.startswith("LockManager") and "timer" not in thread.name
+    ]
+    holding, release = threading.Event(), threading.Event()
+    outcome: list[object] = []
+
+    def ask() -> None:
+        sys.settrace(_held_at_the_mailbox(holding, release))
+        try:
+            untrack_job(manager, "job", wait=True)  # no timeout, as a lease's exit waits
+            outcome.append("answered")
+        except ManagerStopped as error:
+            outcome.append(error)
+        finally:
+            sys.settrace(None)
+
+    asker = threading.Thread(target=ask, daemon=True)
+    asker.start()
+    assert holding.wait(20 * INTERVAL_S), "the asker never reached the mailbox"
+    # The asker is held on its way into the mailbox; the manager is told to
+    # stop meanwhile. Had it stopped and emptied its mailbox for the last time
+    # (its thread ended), the message would land where nobody reads: let the
+    # asker go on once that has happened, or after a few intervals.
+    stopper = threading.Thread(target=stop, args=(manager,), daemon=True)
+    stopper.start()
+    deadline = time.monotonic() + 5 * INTERVAL_S
+    while actor_thread.is_alive() and time.monotonic() < deadline:
+        actor_thread.join(INTERVAL_S / 10)
+    release.set()
+
+    asker.join(40 * INTERVAL_S)
+    stopper.join(40 * INTERVAL_S)
+    assert not asker.is_alive(), "the ask was never answered"
+    assert not stopper.is_alive()
+    assert len(outcome) == 1
