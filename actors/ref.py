@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pykka
@@ -71,7 +72,8 @@ class _Core(Protocol):
     queue_name: str
     clock: Callable[[], int]
     thread_ident: int | None
-    finished: threading.Event
+    #: The manager's thread, once it has started.
+    thread: threading.Thread | None
     #: Held while a message goes into the mailbox, and while the manager
     #: closes it: a message is put before the manager stops (and is then
     #: answered, or failed by pykka's last pass over the mailbox) or refused.
@@ -202,14 +204,26 @@ class ManagerRef(pykka.ActorRef[Any]):
             return future
         if self.on_own_thread():
             return True
-        if not self._core.finished.wait(timeout):
-            raise pykka.Timeout(f"LockManager for queue {self.queue_name!r} did not stop")
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
         try:
-            # Answered at once, unless this stop arrived after the mailbox was
-            # drained by another stop: then it never is, and another call won.
-            return bool(future.get(timeout=0.1))
+            # Answered (the stop, or pykka's last pass over the mailbox) or
+            # refused (another stop came first): never left waiting.
+            stopped = bool(future.get(timeout=left()))
+            thread = self._core.thread
+            if thread is not None:
+                # Fully stopped: its thread, and pykka's work on it, has ended.
+                thread.join(left())
+                if thread.is_alive():
+                    raise pykka.Timeout(f"{timeout} seconds")
         except pykka.Timeout:
-            return False
+            raise pykka.Timeout(
+                f"LockManager for queue {self.queue_name!r} did not stop within {timeout} s"
+            ) from None
+        return stopped
 
     def _admit(self, message: Any) -> Any:
         cls = type(message)

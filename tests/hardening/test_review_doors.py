@@ -23,11 +23,13 @@ import pytest
 from pykka.messages import ProxyCall, ProxyGetAttr
 
 from actors import (
+    ExtendLocks,
     IsTracked,
     ManagerStopped,
     QueueKeys,
     TrackJob,
     UntrackJob,
+    get_active_job_count,
     is_tracked,
     start_link,
     stop,
@@ -35,7 +37,15 @@ from actors import (
     untrack_job,
 )
 from actors.schedule import Timing
-from tests.support import take_locks, wait_for, wait_ticks, watch_locks
+from tests.support import (
+    ManualClock,
+    manual_timer,
+    settle,
+    take_locks,
+    wait_for,
+    wait_ticks,
+    watch_locks,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -72,6 +82,13 @@ class _Raises:
     def __eq__(self, other: object) -> bool:
         _hostile("eq")
         return self is other
+
+
+class _Quiet:
+    """A notify target that is told nothing here."""
+
+    def tell(self, message: object) -> None:
+        """Accept the message."""
 
 
 class _Bystander(pykka.ThreadingActor):
@@ -335,3 +352,45 @@ def test_an_ask_racing_stop_is_answered(redis_client: redis.Redis) -> None:
     assert not asker.is_alive(), "the ask was never answered"
     assert not stopper.is_alive()
     assert len(outcome) == 1
+
+
+def test_the_timers_tick_goes_ahead_of_a_backlog(redis_client: redis.Redis) -> None:
+    """Defect: the timer's tick queued behind every message before it; a backlog held every lock.
+
+    A burst of tells from a few threads can outrun the manager; each tick then
+    waited for the whole backlog. The backlog is built here while the manager
+    is held in a callback, so what the tick runs ahead of is exact.
+    """
+    clock, timers = ManualClock(), manual_timer()
+    held, release = threading.Event(), threading.Event()
+    tracked_at_tick: list[int] = []
+    manager: ManagerRef | None = None
+
+    def on_renewed(job_ids: list[str]) -> None:
+        assert manager is not None
+        tracked_at_tick.append(get_active_job_count(manager))
+        if len(tracked_at_tick) == 1:
+            held.set()
+            release.wait(20 * INTERVAL_S)
+
+    manager = _manager(redis_client, clock=clock, timer=timers, on_locks_renewed=on_renewed)
+    interval = Timing(TTL).interval
+    tokens = take_locks(redis_client, KEYS, ["a"], 60_000)
+    # "a" is watched (a lease would be): it is renewed at every tick.
+    track_job(manager, "a", tokens["a"], ts=clock.now - 2 * interval, notify=_Quiet())
+    settle(manager)
+    # The first grid tick renews "a" and holds the manager in its callback,
+    first = clock.now = timers.deadline
+    manager.tell(ExtendLocks(first))
+    assert held.wait(20 * INTERVAL_S), "the first tick never renewed"
+    # while a backlog of 5,000 tracks builds up behind it, then the next grid tick.
+    for i in range(5_000):
+        track_job(manager, f"backlog-{i}", "t", ts=clock.now)
+    clock.now = first + interval
+    manager.tell(ExtendLocks(first + interval))
+    release.set()
+    settle(manager)
+
+    # The second tick ran before the backlog: only "a" was tracked then.
+    assert tracked_at_tick == [1, 1]
+    assert get_active_job_count(manager) == 5_001
