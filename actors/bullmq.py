@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import pykka
 import redis
 import redis.asyncio
+from redis.client import NEVER_DECODE
 
 import actors
 from actors import aio
@@ -436,8 +437,16 @@ class ActorLockManager:
         ``WaitingChildrenError``. The script deletes the lock; a tick before
         the processor returns would report it lost. The wrapper untracks the
         job first (as :meth:`releasing` does) and tracks it again, with its
-        first timestamp, when the job did not move: the call raised, or
-        answered ``stays_when``.
+        first timestamp, unless the job is known to have moved:
+
+        - the call answered: the job moved, unless the answer is
+          ``stays_when``;
+        - the call raised (refused, timed out, connection lost, cancelled):
+          the server may have run it all the same, so the lock is read back
+          off the loop, and the job is tracked again if the lock still holds
+          the run's token, or if it cannot be read;
+        - the wait for the untrack was cancelled: the call never went out, and
+          the job is tracked again.
 
         Args:
             move: The backend's method; it takes ``job_id`` and ``token``.
@@ -455,14 +464,27 @@ class ActorLockManager:
             given = signature.bind(*args, **kwargs)
             given.apply_defaults()
             job_id, token = str(given.arguments["job_id"]), str(given.arguments["token"])
-            released = await self._release(job_id, token)
-            stays = True
+            manager = self._mark_released(job_id, token)
+            if manager is None:
+                return await move(*args, **kwargs)
+            # The job is now neither renewed nor reported. Whatever ends this
+            # call, a cancel included, it must leave the job tracked again
+            # unless it surely moved: an untracked active job's lock expires
+            # under its processor, and nobody is told.
+            gone = False
             try:
-                answer = await move(*args, **kwargs)
-                stays = answer is stays_when
+                await self._untracked(manager, job_id, token)
+                try:
+                    answer = await move(*args, **kwargs)
+                except BaseException:
+                    # No answer is no proof it stayed: a call cancelled or
+                    # timed out after it was sent may have run on the server.
+                    gone = not await self._lock_held(job_id, token)
+                    raise
+                gone = answer is not stays_when
                 return answer
             finally:
-                if released and stays:
+                if not gone:
                     self._keep(job_id, token)
 
         return moved
@@ -477,19 +499,50 @@ class ActorLockManager:
         if self._manager is not None:
             self._tell_track(job_id, held)
 
-    async def _release(self, job_id: str, token: str) -> bool:
-        """Untrack the run's job and wait for the manager; whether it was tracked."""
+    async def _release(self, job_id: str, token: str) -> None:
+        """Untrack the run's job, if tracked, and wait for the manager."""
+        manager = self._mark_released(job_id, token)
+        if manager is not None:
+            await self._untracked(manager, job_id, token)
+
+    def _mark_released(self, job_id: str, token: str) -> actors.ManagerRef | None:
+        """Mark the run's job released; return the manager to untrack it from, if tracked."""
         held = self._jobs.get(job_id)
         manager = self._manager
         if held is None or held.released or held.token != token or manager is None:
-            return False
+            return None
         self._jobs[job_id] = replace(held, released=True)
+        return manager
+
+    async def _untracked(self, manager: actors.ManagerRef, job_id: str, token: str) -> None:
+        """Untrack the job and wait for the manager, for at most one command timeout."""
         try:
             await aio.untrack_job(manager, job_id, token=token, timeout=self._release_timeout)
         except pykka.Timeout:
             # The untrack is still queued; a loss reported meanwhile is dropped.
             logger.debug("queue %r: job %r untracked without waiting", self._keys.name, job_id)
-        return True
+
+    async def _lock_held(self, job_id: str, token: str) -> bool:
+        """Whether the job's lock still holds ``token``; ``True`` when it cannot be read.
+
+        Read with the renewal client, whose timeouts are bounded, on a thread:
+        the loop goes on meanwhile. An unreadable lock counts as held: renewing
+        a lock that is gone costs one report, leaving a held one unrenewed
+        loses the job.
+        """
+        conn = self._conn
+        if conn is None:
+            return True
+        try:
+            return await asyncio.to_thread(_holds, conn, self._keys.lock(job_id), token)
+        except Exception:
+            logger.warning(
+                "queue %r: could not read job %r's lock after its move failed; renewing it again",
+                self._keys.name,
+                job_id,
+                exc_info=True,
+            )
+            return True
 
     # -- reports from the manager's thread -------------------------------
 
@@ -558,6 +611,14 @@ class ActorLockManager:
                 self._emit("error", error)
 
 
+def _holds(conn: redis.Redis | redis.RedisCluster, lock_key: str, token: str) -> bool:
+    # Raw bytes, whatever the client's decode_responses: a value that is not
+    # UTF-8 is another holder's, not an unreadable reply.
+    raw: dict[str, Any] = {NEVER_DECODE: True}
+    value = conn.execute_command("GET", lock_key, **raw)  # type: ignore[no-untyped-call]
+    return bool(value == token.encode("utf-8"))
+
+
 def _settle(done: asyncio.Future[BaseException | None], failure: BaseException | None) -> None:
     if not done.done():
         done.set_result(failure)
@@ -591,7 +652,9 @@ def use_actor_lock_manager(
         connection: The client to renew with; by default one is built from
             the worker's ``connection`` option (a URL, a dict of options or a
             ``redis.asyncio.Redis``), with timeouts that keep a failed tick
-            short. A cluster needs one: ``actors.connection.cluster_client``.
+            short. A cluster needs one (``actors.connection.cluster_client``),
+            and so does a Sentinel-managed client, whose settings do not name
+            the server it reaches.
         max_batch: Most ids per script call.
 
     Returns:

@@ -136,7 +136,9 @@ def client_like(options: object, *, interval_ms: int) -> redis.Redis:
 
     Raises:
         TypeError: ``options`` is a cluster client (build one with
-            :func:`cluster_client`) or none of the shapes above.
+            :func:`cluster_client`), a client or pool that does not name its
+            server (a Sentinel-managed one: pass the renewal client
+            explicitly), or none of the shapes above.
     """
     if isinstance(options, str):
         return client_for_url(options, interval_ms=interval_ms)
@@ -165,16 +167,42 @@ def client_like(options: object, *, interval_ms: int) -> redis.Redis:
     )
 
 
+#: Connection classes whose pool's keywords name the server itself: redis-py's
+#: plain ones, either kind. Any other (a Sentinel-managed one, a subclass)
+#: finds its server some other way, which a copy of the keywords would miss.
+_PLAIN_CONNECTIONS: tuple[type, ...] = (
+    redis.Connection,
+    redis.SSLConnection,
+    redis.UnixDomainSocketConnection,
+    redis.asyncio.Connection,
+    redis.asyncio.SSLConnection,
+    redis.asyncio.UnixDomainSocketConnection,
+)
+
+
 def _settings_of(pool: Any) -> dict[str, Any]:
-    """Return the ``redis.Redis`` keywords that reach the server ``pool`` (either kind) reaches."""
+    """Return the ``redis.Redis`` keywords that reach the server ``pool`` (either kind) reaches.
+
+    Raises:
+        TypeError: The pool does not name its server (a Sentinel-managed pool,
+            a connection class of another kind, or no host and no socket path):
+            copied, it would reach redis-py's default, localhost:6379.
+    """
     given = pool.connection_kwargs
+    kind = pool.connection_class
+    if kind not in _PLAIN_CONNECTIONS or not (given.get("host") or given.get("path")):
+        raise TypeError(
+            f"cannot tell which server a pool of {kind.__module__}.{kind.__qualname__} "
+            "connections reaches (a Sentinel-managed client, or a pool with no host and no "
+            "socket path): pass the renewal client explicitly, "
+            "use_actor_lock_manager(worker, connection=...) with a redis.Redis or a URL"
+        )
     settings = {key: given[key] for key in _COPIED_SETTINGS if key in given}
-    kind = pool.connection_class.__name__
-    if kind == "UnixDomainSocketConnection":
+    if kind in (redis.UnixDomainSocketConnection, redis.asyncio.UnixDomainSocketConnection):
         settings.pop("host", None)
         settings.pop("port", None)
         settings["unix_socket_path"] = given["path"]
-    elif kind == "SSLConnection":
+    elif kind in (redis.SSLConnection, redis.asyncio.SSLConnection):
         settings["ssl"] = True
         # Only the ssl_* keywords this redis-py's Redis() takes; pools of
         # either kind may hold more.

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from itertools import compress
 from typing import TYPE_CHECKING, NamedTuple
 
-from actors.schedule import select_due
+from actors.schedule import due_mask
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -148,21 +149,28 @@ class JobTable:
         jobs cost twice the renewals of the others, the price of being told
         in time.
         """
-        stamps = self.stamps
-        due = select_due(stamps, now, threshold)
+        stamps, tokens = self.stamps, self.tokens
+        # One mask for both: the two dicts gain and lose the same keys at the
+        # same moments, so they keep the same order.
+        mask = due_mask(stamps, now, threshold)
+        due = list(compress(stamps, mask))
+        due_tokens = list(compress(tokens.values(), mask))
         if self.watches:
             cutoff = now - threshold
-            due.extend(
+            watched = [
                 job_id
                 for job_id, watch in self.watches.items()
                 if watch.targets and cutoff <= stamps[job_id] < now
-            )
+            ]
+            due.extend(watched)
+            due_tokens.extend(map(tokens.__getitem__, watched))
         if self.fresh and due:
-            due = self._fresh_first(due, now, threshold)
-        tokens = self.tokens
-        return due, [tokens[job_id] for job_id in due]
+            return self._fresh_first(due, due_tokens, now, threshold)
+        return due, due_tokens
 
-    def _fresh_first(self, due: list[str], now: int, threshold: int) -> list[str]:
+    def _fresh_first(
+        self, due: list[str], due_tokens: list[str], now: int, threshold: int
+    ) -> tuple[list[str], list[str]]:
         stamps, watches = self.stamps, self.watches
         cutoff = now - threshold
         # The fresh jobs in ``due``: old enough, or watched and checked at
@@ -178,9 +186,16 @@ class JobTable:
             )
         ]
         if not first:
-            return due
+            return due, due_tokens
+        first_tokens = list(map(self.tokens.__getitem__, first))
+        count = len(first)
+        if due[-count:] == first:
+            # As a rule the fresh jobs are the newest, last in tracking
+            # order: moving them is a slice, not a pass over the batch.
+            return first + due[:-count], first_tokens + due_tokens[:-count]
         fresh = self.fresh
-        return first + [job_id for job_id in due if job_id not in fresh]
+        rest = [i for i, job_id in enumerate(due) if job_id not in fresh]
+        return first + [due[i] for i in rest], first_tokens + [due_tokens[i] for i in rest]
 
     def oldest(self, job_ids: list[str]) -> int:
         """Return the oldest stamp among ``job_ids`` (not empty)."""

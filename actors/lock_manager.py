@@ -60,18 +60,25 @@ logger = logging.getLogger(__name__)
 
 
 class _TicksFirst(queue.Queue[Any]):
-    """A manager's mailbox: first in, first out, except the timer's ticks, which go first.
+    """A manager's mailbox: first in, first out, except its own timer's tick, which goes first.
 
     A backlog (a burst of tells from many threads) would otherwise hold each
     tick behind all of it, and every lock would wait for the backlog to drain.
     Nothing is lost by the jump: tracks carry their caller's time, and a
-    caller who must not race a tick untracks with ``wait=True``.
+    caller who must not race a tick untracks with ``wait=True``. Only the
+    message the timer's thread is sending right now jumps: an
+    ``ExtendLocks`` anyone else sends waits its turn.
     """
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: The tick the timer's thread is putting in, if any.
+        self.tick: object = None
 
     def _put(self, item: Any) -> None:
         # queue.Queue's documented override point, called under its lock.
-        message = item.message
-        if type(message) is ExtendLocks and message.scheduled is not None:
+        if item.message is self.tick:
+            self.tick = None
             self.queue.appendleft(item)
         else:
             self.queue.append(item)
@@ -140,6 +147,9 @@ class LockManager(pykka.ThreadingActor):
         timer: TimerFactory | None = None,
     ) -> None:
         super().__init__()
+        mailbox = self.actor_inbox
+        assert isinstance(mailbox, _TicksFirst)
+        self._mailbox = mailbox
         if not isinstance(keys, QueueKeys):
             raise TypeError(f"keys must be a QueueKeys, got {type(keys).__name__}")
         self._timing = Timing(lock_duration, lock_renew_time)
@@ -229,15 +239,30 @@ class LockManager(pykka.ThreadingActor):
         for job_id in list(self._jobs.watches):
             self._forget(job_id, MANAGER_STOPPED)
         self._deliver()
-        if self._timer is not None:
-            self._timer.close()
-            self._timer = None
-        close = getattr(self._renewer, "close", None)
-        if close is not None:
-            close()
+        timer, self._timer = self._timer, None
+        for what, close in (
+            ("timer", getattr(timer, "close", None)),
+            ("renewer", getattr(self._renewer, "close", None)),
+        ):
+            if close is None:
+                continue
+            try:
+                close()
+            except BaseException:
+                # Left to pykka, a BaseException here would stop every actor.
+                logger.warning(
+                    "LockManager for queue %r: closing its %s failed",
+                    self.queue_name,
+                    what,
+                    exc_info=True,
+                )
 
     def _fire(self, scheduled: int) -> None:
-        self.actor_ref.tell(ExtendLocks(scheduled))
+        tick = ExtendLocks(scheduled)
+        # One timer thread, and the next fire is armed only by this tick's
+        # handling: at most one tick is ever marked to go first.
+        self._mailbox.tick = tick
+        self.actor_ref.tell(tick)
 
     # -- messages --------------------------------------------------------
 
@@ -274,15 +299,21 @@ class LockManager(pykka.ThreadingActor):
             return None
         return handler(self, message)
 
+    # A message checked itself when it was built, but a frozen dataclass can
+    # still be written to afterwards. The handlers look at the types of what
+    # they keep or compare (a few exact-type tests, no rebuild): a caller's
+    # subclass never runs its code here, and a forged message is dropped.
+
     def _on_track(self, message: TrackJob) -> None:
-        job_id, token = message.job_id, message.token
+        job_id, token, ts, max_hold = message.job_id, message.token, message.ts, message.max_hold
         if not (is_valid_text(job_id) and is_valid_text(token)):
             TrackJob(job_id, token)  # raises, naming the bad argument: logged and dropped
+        if not (_plain_int(ts) and _plain_int(max_hold)):
+            raise TypeError("a TrackJob's ts or max_hold was changed after it was built")
         now = self.clock()
-        ts = message.ts
         # A stamp is never later than now: a lock never looks younger than it is.
         ts = now if ts is None or ts > now else ts
-        max_hold = message.max_hold if message.max_hold is not None else self._max_hold
+        max_hold = max_hold if max_hold is not None else self._max_hold
         replaced = self._jobs.track(job_id, token, ts, message.notify, max_hold)
         if replaced is not None:
             # The job was taken again with a new token: everybody who waited
@@ -292,7 +323,24 @@ class LockManager(pykka.ThreadingActor):
             self._deliver()
 
     def _on_untrack(self, message: UntrackJob) -> None:
-        self._jobs.untrack(message.job_id, message.token)
+        job_id, token = message.job_id, message.token
+        if type(job_id) is not str or not (token is None or type(token) is str):
+            raise TypeError("an UntrackJob was changed after it was built")
+        self._jobs.untrack(job_id, token)
+
+    def _on_extend(self, message: ExtendLocks) -> None:
+        scheduled = message.scheduled
+        if scheduled is not None and type(scheduled) is not int:
+            raise TypeError("an ExtendLocks was changed after it was built")
+        if scheduled is not None:
+            ExtendLocks(scheduled)  # in range, or raises: logged and dropped
+        self._tick(scheduled)
+
+    def _on_is_tracked(self, message: IsTracked) -> bool:
+        job_id = message.job_id
+        if type(job_id) is not str:
+            raise TypeError("an IsTracked was changed after it was built")
+        return job_id in self._jobs
 
     def _stats(self) -> Stats:
         return self._reporter.counters.snapshot(self.queue_name, len(self._jobs), self.clock())
@@ -476,11 +524,15 @@ class LockManager(pykka.ThreadingActor):
 
 
 _HANDLERS: dict[type, Callable[[LockManager, Any], Any]] = {
-    ExtendLocks: lambda actor, message: actor._tick(message.scheduled),
+    ExtendLocks: LockManager._on_extend,
     TrackJob: LockManager._on_track,
     UntrackJob: LockManager._on_untrack,
     GetActiveJobCount: lambda actor, _: len(actor._jobs),
     GetTrackedJobIds: lambda actor, _: actor._jobs.ids(),
-    IsTracked: lambda actor, message: message.job_id in actor._jobs,
+    IsTracked: LockManager._on_is_tracked,
     GetStats: lambda actor, _: actor._stats(),
 }
+
+
+def _plain_int(value: object) -> bool:
+    return value is None or type(value) is int

@@ -58,6 +58,9 @@ _OPERATIONS: dict[str, type] = {
     "extend_locks": ExtendLocks,
 }
 _MESSAGES = tuple(_OPERATIONS.values())
+#: The attributes a proxy may read: values, none of the manager's machinery
+#: (its mailbox, its locks, its methods run from another thread).
+_READABLE = frozenset({"queue_name", "actor_urn", "use_daemon_thread"})
 #: Messages that need nothing done on their way in: they checked themselves.
 _PASS = frozenset(_MESSAGES) - {TrackJob}
 
@@ -250,10 +253,10 @@ class ManagerRef(pykka.ActorRef[Any]):
             raise AttributeError("a LockManager's attributes cannot be set through a proxy")
         if cls is ProxyGetAttr:
             path = _path(message.attr_path)
-            if len(path) != 1 or path[0].startswith("_") or not hasattr(self._core, path[0]):
+            if len(path) != 1 or path[0] not in _READABLE:
                 raise AttributeError(
-                    f"a proxy can read only a LockManager's public attributes, not "
-                    f"{'.'.join(path)!r}"
+                    f"a proxy can read only {', '.join(sorted(_READABLE))} of a LockManager, "
+                    f"not {'.'.join(path)!r}"
                 )
             return ProxyGetAttr(attr_path=path)
         if cls is _ActorStop:

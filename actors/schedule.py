@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from itertools import compress
 from typing import TYPE_CHECKING
 
 from actors.validation import MAX_DURATION_MS, require_int
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_LOCK_DURATION",
     "Timing",
+    "due_mask",
     "monotonic_ms",
     "next_deadline",
     "select_due",
@@ -115,21 +117,36 @@ class Timing:
         return self.lock_duration - self.worst_gap
 
 
-def select_due(stamps: Mapping[str, int], now: int, threshold: int) -> list[str]:
-    """Return the ids of the jobs due for renewal: ``ts + threshold < now``.
+def due_mask(stamps: Mapping[str, int], now: int, threshold: int) -> list[bool]:
+    """Return, for each job in the mapping's order, whether it is due: ``ts + threshold < now``.
+
+    The mask picks the due entries out of any mapping kept in the same order
+    (``itertools.compress``): ids and their tokens in one pass each, without a
+    lookup per job.
 
     Args:
         stamps: Each tracked job's ``ts``: the monotonic time, in
             milliseconds, of its tracking or of its last renewal.
         now: The current monotonic time, in milliseconds.
         threshold: Age in milliseconds after which a job is due.
+    """
+    # Integers: ts + threshold < now exactly when ts < now - threshold.
+    cutoff = now - threshold
+    return [ts < cutoff for ts in stamps.values()]
+
+
+def select_due(stamps: Mapping[str, int], now: int, threshold: int) -> list[str]:
+    """Return the ids of the jobs due for renewal: ``ts + threshold < now``.
+
+    Args:
+        stamps: Each tracked job's ``ts`` (see :func:`due_mask`).
+        now: The current monotonic time, in milliseconds.
+        threshold: Age in milliseconds after which a job is due.
 
     Returns:
         The due ids, in the mapping's order.
     """
-    # Integers: ts + threshold < now exactly when ts < now - threshold.
-    cutoff = now - threshold
-    return [job_id for job_id, ts in stamps.items() if ts < cutoff]
+    return list(compress(stamps, due_mask(stamps, now, threshold)))
 
 
 def next_deadline(previous: int, interval: int, now: int) -> int:

@@ -10,12 +10,17 @@ children, or the move is refused), its lock must go on being renewed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+import pytest
+import redis
 from bullmq import Queue
 from bullmq.custom_errors import DelayedError, WaitingChildrenError
 
+import actors
 from actors import aio
 from tests.bullmq.harness import PREFIX, Bench, wait_until
 
@@ -34,6 +39,14 @@ ONE_RENEWAL = 3
 PAST_THE_LOCK = LOCK_MS // INTERVAL_MS + 2
 #: Longest wait for a worker to take the job or finish it, in seconds.
 SETTLE_S = 10.0
+
+
+async def first_tick(done: threading.Event) -> None:
+    """Return once ``done`` is set by the manager's next tick (the loop stays free)."""
+    deadline = time.monotonic() + INTERVAL_MS / 1000 + SETTLE_S
+    while not done.is_set():
+        assert time.monotonic() < deadline, "the manager did not tick"
+        await asyncio.sleep(INTERVAL_MS / 1000 / 5)
 
 
 async def ticks_pass(manager: ManagerRef, count: int) -> None:
@@ -159,3 +172,92 @@ def test_a_move_with_another_runs_token_changes_nothing_here(one_bench: Bench) -
     completed = worker.events.wait("completed", lambda e: str(e.args[0].id) == job_id, SETTLE_S)
     assert completed.args[1] == "done"
     assert_no_loss_reported(worker, seen)
+
+
+class SlowTick:
+    """A notify target that holds the manager's thread, as a tick slow on Redis does."""
+
+    def __init__(self) -> None:
+        self.inside = threading.Event()
+        self.release = threading.Event()
+
+    def tell(self, message: object) -> None:
+        self.inside.set()
+        self.release.wait(SETTLE_S)
+
+
+def test_a_move_cancelled_while_the_job_is_untracked_leaves_the_lock_renewed(
+    one_bench: Bench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def process(job: Any, token: str, manager: ManagerRef) -> str:
+        # Given a tick in flight: the lock of another job is missing, and the
+        # one told of it takes its time.
+        slow = SlowTick()
+        actors.track_job(manager, "other", "t", ts=manager.clock() - 10 * LOCK_MS, notify=slow)
+        await first_tick(slow.inside)
+        # Seen once the move's untrack is in the manager's mailbox, unanswered.
+        asked = asyncio.Event()
+        answer = aio.answer
+
+        async def answer_seen(*args: Any, **kwargs: Any) -> Any:
+            asked.set()
+            return await answer(*args, **kwargs)
+
+        monkeypatch.setattr(aio, "answer", answer_seen)
+        # When the move is cancelled (as by a timeout) while it waits for it.
+        mover = asyncio.ensure_future(job.moveToDelayed(int(time.time() * 1000) + 60_000, token))
+        await asyncio.wait_for(asked.wait(), SETTLE_S)
+        mover.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await mover
+        slow.release.set()
+        notes["cancelled"] = mover.cancelled()
+        notes["active"] = one_bench.client.lpos(one_bench.key("active"), str(job.id)) is not None
+        # Then the job, still active, keeps its lock as long as the run goes on.
+        await ticks_pass(manager, PAST_THE_LOCK)
+        notes["held"] = one_bench.client.get(one_bench.key(str(job.id), "lock")) == token
+        return "done"
+
+    notes: dict[str, Any] = {}
+    worker, job_id, seen = run_one(one_bench, process)
+
+    assert notes == {"cancelled": True, "active": True, "held": True}
+    completed = worker.events.wait("completed", lambda e: str(e.args[0].id) == job_id, SETTLE_S)
+    assert completed.args[1] == "done"
+    assert_no_loss_reported(worker, seen)
+
+
+@pytest.mark.parametrize("reply", ["cancelled", "timed out"])
+def test_a_move_that_ran_but_never_answered_is_not_reported_lost(
+    one_bench: Bench, reply: str
+) -> None:
+    async def process(job: Any, token: str, manager: ManagerRef) -> None:
+        # Given a move the server runs, but whose reply the processor never gets.
+        ran = asyncio.Event()
+        scripts = job.backend.scripts
+        move = scripts.moveToDelayed
+
+        async def reply_lost(*args: Any, **kwargs: Any) -> Any:
+            await move(*args, **kwargs)
+            ran.set()
+            if reply == "timed out":
+                raise redis.exceptions.TimeoutError("Timeout reading from socket")
+            return await asyncio.get_running_loop().create_future()
+
+        scripts.moveToDelayed = reply_lost
+        mover = asyncio.ensure_future(job.moveToDelayed(int(time.time() * 1000) + 60_000, token))
+        await asyncio.wait_for(ran.wait(), SETTLE_S)
+        if reply == "cancelled":
+            # When the processor gives up on it (as asyncio.wait_for does).
+            mover.cancel()
+        with contextlib.suppress(asyncio.CancelledError, redis.exceptions.TimeoutError):
+            await mover
+        # Then no tick reports the lock the move deleted.
+        await ticks_pass(manager, ONE_RENEWAL)
+        raise DelayedError()
+
+    worker, job_id, notes = run_one(one_bench, process)
+
+    assert_no_loss_reported(worker, notes)
+    assert one_bench.client.zscore(one_bench.key("delayed"), job_id) is not None
+    assert worker.lock_manager.get_tracked_job_ids() == []

@@ -1,4 +1,4 @@
-"""Defects a third hostile review found at the doors, each as a failing test on a real server.
+"""Defects the third and fourth hostile reviews found at the doors, each a failing test.
 
 A caller's object runs code when the manager looks at it: ``__repr__`` when it
 is logged, comparisons when it is stored, ``__eq__`` when it is checked. None
@@ -26,6 +26,7 @@ from actors import (
     ExtendLocks,
     IsTracked,
     ManagerStopped,
+    ManualTimer,
     QueueKeys,
     TrackJob,
     UntrackJob,
@@ -48,7 +49,7 @@ from tests.support import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from types import FrameType
 
     import redis
@@ -373,7 +374,14 @@ def test_the_timers_tick_goes_ahead_of_a_backlog(redis_client: redis.Redis) -> N
             held.set()
             release.wait(20 * INTERVAL_S)
 
-    manager = _manager(redis_client, clock=clock, timer=timers, on_locks_renewed=on_renewed)
+    fires: list[Callable[[int], None]] = []
+
+    def timer(fire: Callable[[int], None], name: str) -> ManualTimer:
+        # The manager's own fire, called here as its timer thread would.
+        fires.append(fire)
+        return timers(fire, name)
+
+    manager = _manager(redis_client, clock=clock, timer=timer, on_locks_renewed=on_renewed)
     interval = Timing(TTL).interval
     tokens = take_locks(redis_client, KEYS, ["a"], 60_000)
     # "a" is watched (a lease would be): it is renewed at every tick.
@@ -381,16 +389,163 @@ def test_the_timers_tick_goes_ahead_of_a_backlog(redis_client: redis.Redis) -> N
     settle(manager)
     # The first grid tick renews "a" and holds the manager in its callback,
     first = clock.now = timers.deadline
-    manager.tell(ExtendLocks(first))
+    fires[0](first)
     assert held.wait(20 * INTERVAL_S), "the first tick never renewed"
     # while a backlog of 5,000 tracks builds up behind it, then the next grid tick.
     for i in range(5_000):
         track_job(manager, f"backlog-{i}", "t", ts=clock.now)
     clock.now = first + interval
-    manager.tell(ExtendLocks(first + interval))
+    fires[0](first + interval)
+    # Anybody else's ExtendLocks waits its turn, behind the backlog.
+    manager.tell(ExtendLocks())
     release.set()
     settle(manager)
 
-    # The second tick ran before the backlog: only "a" was tracked then.
+    # The timer's tick ran before the backlog: only "a" was tracked then;
+    # the other "renew now" after it (and renewed nothing due, so said nothing).
     assert tracked_at_tick == [1, 1]
     assert get_active_job_count(manager) == 5_001
+
+
+class _Blocks(str):
+    """A str whose hash, on any thread but the test's, holds it longer than a lock lives."""
+
+    def __hash__(self) -> int:
+        if threading.current_thread() is not threading.main_thread():
+            threading.Event().wait(WATCH_S)
+        return str.__hash__(self)
+
+
+class _Stamp:
+    """A stamp that passes one comparison and fails the next, on every tick."""
+
+    def __gt__(self, other: object) -> bool:
+        return False
+
+    def __lt__(self, other: object) -> bool:
+        raise RuntimeError("the caller's code on the manager's thread")
+
+    def __le__(self, other: object) -> bool:
+        raise RuntimeError("the caller's code on the manager's thread")
+
+
+class _Hold:
+    """A max_hold whose sum with a stamp is a deadline that fails every tick."""
+
+    def __radd__(self, other: object) -> _Stamp:
+        return _Stamp()
+
+
+class _Grid:
+    """A grid time that says it is the one due, and moves the next one out of reach."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __le__(self, other: object) -> bool:
+        return True
+
+    def __rsub__(self, other: object) -> int:
+        return 0
+
+    def __sub__(self, other: object) -> int:
+        return -(10**15)
+
+    def __add__(self, other: object) -> int:
+        return 10**15
+
+
+@pytest.mark.parametrize("field", ["ts", "max_hold", "scheduled", "untrack-job_id", "is_tracked"])
+def test_a_field_changed_after_the_message_was_built_is_dropped(
+    redis_client: redis.Redis, field: str
+) -> None:
+    """Defect: the manager kept a forged field as given: no more ticks, or a hung manager."""
+    tokens = take_locks(redis_client, KEYS, ["a"], TTL)
+    manager = _manager(redis_client)
+    track_job(manager, "a", tokens["a"])
+    message: Any
+    if field in ("ts", "max_hold"):
+        message = TrackJob("b", "t", ts=1, max_hold=1000)
+        object.__setattr__(message, field, _Stamp() if field == "ts" else _Hold())
+    elif field == "scheduled":
+        message = ExtendLocks(1)
+        object.__setattr__(message, "scheduled", _Grid())
+    elif field == "untrack-job_id":
+        message = UntrackJob("a")
+        object.__setattr__(message, "job_id", _Blocks("a"))
+    else:
+        message = IsTracked("a")
+        object.__setattr__(message, "job_id", _Blocks("a"))
+
+    manager.tell(message)
+
+    _still_renewing(manager, redis_client, tokens)
+    assert is_tracked(manager, "a", timeout=20 * INTERVAL_S)
+    assert not is_tracked(manager, "b", timeout=20 * INTERVAL_S)
+
+
+def test_an_extend_locks_anybody_sends_waits_its_turn(redis_client: redis.Redis) -> None:
+    """Defect: any ``ExtendLocks(scheduled=...)`` jumped the mailbox, starving what came first."""
+    held, release = threading.Event(), threading.Event()
+    tracked_at_tick: list[int] = []
+    manager: ManagerRef | None = None
+
+    def on_renewed(job_ids: list[str]) -> None:
+        assert manager is not None
+        tracked_at_tick.append(get_active_job_count(manager))
+        if len(tracked_at_tick) == 1:
+            held.set()
+            release.wait(20 * INTERVAL_S)
+
+    clock = ManualClock()
+    manager = _manager(redis_client, clock=clock, timer=manual_timer(), on_locks_renewed=on_renewed)
+    tokens = take_locks(redis_client, KEYS, ["a", "b"], 60_000)
+    track_job(manager, "a", tokens["a"], ts=clock.now - 1_000)
+    settle(manager)
+    manager.tell(ExtendLocks())
+    assert held.wait(20 * INTERVAL_S), "the first tick never renewed"
+    # Queued while the manager is held: a track, then a forged grid tick.
+    track_job(manager, "b", tokens["b"], ts=clock.now - 1_000)
+    manager.tell(ExtendLocks(clock.now))
+    release.set()
+    settle(manager)
+
+    # The forged tick came after the track: it renewed "b".
+    assert tracked_at_tick == [1, 2]
+
+
+def test_a_proxy_reads_values_not_the_managers_machinery(redis_client: redis.Redis) -> None:
+    """Defect: a proxy handed out the mailbox, its gate and bound methods to any caller."""
+    manager = _manager(redis_client)
+    proxy = manager.proxy()
+    assert proxy.queue_name.get(timeout=5) == KEYS.name
+    for name in ("mailbox_gate", "actor_inbox", "thread", "thread_ident"):
+        with pytest.raises(AttributeError, match="can read only"):
+            getattr(proxy, name).get(timeout=5)
+    for method in ("handle", "on_receive"):
+        with pytest.raises(AttributeError, match="no operation"):
+            getattr(proxy, method)(ExtendLocks())
+    assert manager.is_alive()
+
+
+def test_a_renewer_whose_close_raises_base_exception_stops_nothing(
+    redis_client: redis.Redis, bystander: pykka.ActorRef[Any]
+) -> None:
+    """Defect: ``close()`` raising KeyboardInterrupt at stop made pykka stop every actor."""
+
+    class Renewer:
+        def __call__(self, job_ids: list[str], tokens: list[str]) -> Any:
+            raise AssertionError("nothing is tracked")
+
+        def close(self) -> None:
+            raise KeyboardInterrupt
+
+    other = _manager(redis_client)
+    manager = start_link(keys=KEYS, renewer=Renewer(), lock_duration=TTL)  # type: ignore[arg-type]
+
+    manager.stop(timeout=5)
+    assert not manager.is_alive()
+    assert bystander.is_alive() and other.is_alive()

@@ -11,6 +11,8 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 import redis.asyncio
+import redis.asyncio.sentinel
+import redis.sentinel
 
 from actors.connection import client_like, command_timeout, socket_timeout
 from actors.embedded import EmbeddedServer
@@ -133,3 +135,35 @@ def test_a_cluster_client_is_refused_with_the_builder_to_use() -> None:
     cluster = redis.RedisCluster.__new__(redis.RedisCluster)
     with pytest.raises(TypeError, match=r"cluster_client\(url, interval_ms=400\)"):
         client_like(cluster, interval_ms=INTERVAL_MS)
+
+
+#: A Sentinel's address; nothing connects to it (the pools connect lazily).
+SENTINEL = ("127.0.0.1", 26379)
+
+
+def _not_naming_its_server(shape: str) -> object:
+    """A client, or a dict holding a pool, whose settings do not say which server it reaches."""
+    if shape == "pool_dict_no_host":
+        return {"connection_pool": redis.asyncio.ConnectionPool()}
+    if shape == "asyncio_sentinel_client":
+        sentinels = redis.asyncio.sentinel.Sentinel([SENTINEL])  # type: ignore[no-untyped-call]
+        return sentinels.master_for("m")
+    sentinel = redis.sentinel.Sentinel([SENTINEL])  # type: ignore[no-untyped-call]
+    if shape == "sentinel_pool_dict":
+        pool = redis.sentinel.SentinelConnectionPool("m", sentinel)  # type: ignore[no-untyped-call]
+        return {"connection_pool": pool}
+    return sentinel.master_for("m")  # type: ignore[no-untyped-call]
+
+
+@pytest.mark.parametrize(
+    "shape",
+    ["sentinel_client", "asyncio_sentinel_client", "sentinel_pool_dict", "pool_dict_no_host"],
+)
+def test_a_client_that_does_not_name_its_server_is_refused_asking_for_the_client(
+    shape: str,
+) -> None:
+    given = _not_naming_its_server(shape)
+
+    # A copy of its settings would reach localhost:6379, not its server.
+    with pytest.raises(TypeError, match=r"use_actor_lock_manager\(worker, connection=\.\.\.\)"):
+        client_like(given, interval_ms=INTERVAL_MS)
