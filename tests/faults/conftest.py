@@ -53,13 +53,17 @@ def start_tracking(
     Returns:
         The manager and each job's token.
     """
-    jobs = take_locks(direct, KEYS, job_ids(JOBS), lock_ms)
+    # Taken for as long as the wait for the first round, not for lock_ms: a
+    # machine that stalls during the setup must not fail the scenario before
+    # it starts. The first renewal sets every TTL to lock_ms.
+    first_round = first_round_s(lock_ms)
+    jobs = take_locks(direct, KEYS, job_ids(JOBS), int(first_round * 1000))
     manager = start_link(
         connection=connection, keys=KEYS, lock_duration=lock_ms, **reports.callbacks()
     )
     for job_id, token in jobs.items():
         track_job(manager, job_id, token)
-    reports.wait_renewed(jobs, first_round_s(lock_ms))
+    reports.wait_renewed(jobs, first_round)
     return manager, jobs
 
 
