@@ -74,14 +74,25 @@ class _TicksFirst(queue.Queue[Any]):
         super().__init__()
         #: The tick the timer's thread is putting in, if any.
         self.tick: object = None
+        #: Set, under the queue's lock, as the manager begins to stop: a
+        #: message is then either in already (answered, or failed by pykka's
+        #: last pass over the mailbox) or refused here, never left unread.
+        self.closed = False
 
     def _put(self, item: Any) -> None:
         # queue.Queue's documented override point, called under its lock.
+        if self.closed:
+            raise pykka.ActorDeadError("the manager is stopping")
         if item.message is self.tick:
             self.tick = None
             self.queue.appendleft(item)
         else:
             self.queue.append(item)
+
+    def close(self) -> None:
+        """Refuse every message from now on."""
+        with self.mutex:
+            self.closed = True
 
 
 class LockManager(pykka.ThreadingActor):
@@ -188,8 +199,6 @@ class LockManager(pykka.ThreadingActor):
         self._make_timer: TimerFactory = timer or self._thread_timer
         self.thread_ident: int | None = None
         self.thread: threading.Thread | None = None
-        self.mailbox_gate = threading.Lock()
-        self.mailbox_closed = False
         self._jobs = JobTable()
         #: Who to tell of a lost lock, told once the tick is done.
         self._notes: list[tuple[Notify, LockLost]] = []
@@ -234,8 +243,7 @@ class LockManager(pykka.ThreadingActor):
     def _shutdown(self) -> None:
         # From here on every sender is refused: pykka's last pass over the
         # mailbox, after this, fails whatever was put before.
-        with self.mailbox_gate:
-            self.mailbox_closed = True
+        self._mailbox.close()
         for job_id in list(self._jobs.watches):
             self._forget(job_id, MANAGER_STOPPED)
         self._deliver()

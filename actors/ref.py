@@ -77,12 +77,6 @@ class _Core(Protocol):
     thread_ident: int | None
     #: The manager's thread, once it has started.
     thread: threading.Thread | None
-    #: Held while a message goes into the mailbox, and while the manager
-    #: closes it: a message is put before the manager stops (and is then
-    #: answered, or failed by pykka's last pass over the mailbox) or refused.
-    mailbox_gate: threading.Lock
-    #: Set, under the gate, as the manager starts to stop.
-    mailbox_closed: bool
 
     def handle(self, message: Any) -> Any:
         """Handle ``message`` now, on the calling thread (the manager's own)."""
@@ -137,13 +131,11 @@ class ManagerRef(pykka.ActorRef[Any]):
             ManagerStopped: The manager is stopped.
         """
         message = self._admit(message)
-        with self._core.mailbox_gate:
-            if self._core.mailbox_closed:
-                raise self.stopped_error()
-            try:
-                super().tell(message)
-            except pykka.ActorDeadError:
-                raise self.stopped_error() from None
+        try:
+            # The manager's mailbox refuses a message once it begins to stop.
+            super().tell(message)
+        except pykka.ActorDeadError:
+            raise self.stopped_error() from None
 
     def ask(self, message: Any, *, block: bool = True, timeout: float | None = None) -> Any:
         """Send ``message`` and return the answer (or its future with ``block=False``).
@@ -179,10 +171,14 @@ class ManagerRef(pykka.ActorRef[Any]):
                     f"a LockManager cannot wait for its own answer to {message!r} from its "
                     "own thread (a callback)"
                 )
-        with self._core.mailbox_gate:
-            if self._core.mailbox_closed or not self.is_alive():
-                return _failure(self.stopped_error(), block)
+        if not self.is_alive():
+            return _failure(self.stopped_error(), block)
+        try:
+            # Answered, failed by pykka's last pass over the mailbox, or
+            # refused by the mailbox of a manager that is stopping.
             future = super().ask(message, block=False)
+        except pykka.ActorDeadError:
+            return _failure(self.stopped_error(), block)
         if not block:
             return future
         try:

@@ -522,7 +522,7 @@ def test_a_proxy_reads_values_not_the_managers_machinery(redis_client: redis.Red
     manager = _manager(redis_client)
     proxy = manager.proxy()
     assert proxy.queue_name.get(timeout=5) == KEYS.name
-    for name in ("mailbox_gate", "actor_inbox", "thread", "thread_ident"):
+    for name in ("actor_inbox", "actor_stopped", "thread", "thread_ident"):
         with pytest.raises(AttributeError, match="can read only"):
             getattr(proxy, name).get(timeout=5)
     for method in ("handle", "on_receive"):
