@@ -40,11 +40,11 @@ from typing import TYPE_CHECKING, Any
 import pykka
 import redis
 import redis.asyncio
-from redis.client import NEVER_DECODE
 
 import actors
 from actors import aio
 from actors.connection import client_for_url, client_like, command_timeout
+from actors.scripts import lock_holds
 
 try:
     from bullmq.abort_controller import AbortController
@@ -534,7 +534,7 @@ class ActorLockManager:
         if conn is None:
             return True
         try:
-            return await asyncio.to_thread(_holds, conn, self._keys.lock(job_id), token)
+            return await asyncio.to_thread(lock_holds, conn, self._keys, job_id, token)
         except Exception:
             logger.warning(
                 "queue %r: could not read job %r's lock after its move failed; renewing it again",
@@ -609,14 +609,6 @@ class ActorLockManager:
                 )
             else:
                 self._emit("error", error)
-
-
-def _holds(conn: redis.Redis | redis.RedisCluster, lock_key: str, token: str) -> bool:
-    # Raw bytes, whatever the client's decode_responses: a value that is not
-    # UTF-8 is another holder's, not an unreadable reply.
-    raw: dict[str, Any] = {NEVER_DECODE: True}
-    value = conn.execute_command("GET", lock_key, **raw)  # type: ignore[no-untyped-call]
-    return bool(value == token.encode("utf-8"))
 
 
 def _settle(done: asyncio.Future[BaseException | None], failure: BaseException | None) -> None:

@@ -197,7 +197,6 @@ class LockManager(pykka.ThreadingActor):
         self.queue_name = keys.name
         self.clock: Callable[[], int] = clock or monotonic_ms
         self._make_timer: TimerFactory = timer or self._thread_timer
-        self.thread_ident: int | None = None
         self.thread: threading.Thread | None = None
         self._jobs = JobTable()
         #: Who to tell of a lost lock, told once the tick is done.
@@ -215,7 +214,6 @@ class LockManager(pykka.ThreadingActor):
 
     def on_start(self) -> None:
         """Arm the timer for the first tick."""
-        self.thread_ident = threading.get_ident()
         self.thread = threading.current_thread()
         try:
             self._timer = self._make_timer(self._fire, f"LockManager-timer-{self.queue_name}")
@@ -338,10 +336,10 @@ class LockManager(pykka.ThreadingActor):
 
     def _on_extend(self, message: ExtendLocks) -> None:
         scheduled = message.scheduled
-        if scheduled is not None and type(scheduled) is not int:
-            raise TypeError("an ExtendLocks was changed after it was built")
         if scheduled is not None:
-            ExtendLocks(scheduled)  # in range, or raises: logged and dropped
+            # Checked again, as when it was built: a plain int in range, or
+            # it raises (logged and dropped).
+            scheduled = ExtendLocks(scheduled).scheduled
         self._tick(scheduled)
 
     def _on_is_tracked(self, message: IsTracked) -> bool:

@@ -74,7 +74,6 @@ class _Core(Protocol):
 
     queue_name: str
     clock: Callable[[], int]
-    thread_ident: int | None
     #: The manager's thread, once it has started.
     thread: threading.Thread | None
 
@@ -103,7 +102,7 @@ class ManagerRef(pykka.ActorRef[Any]):
 
     def on_own_thread(self) -> bool:
         """Whether the caller runs on the manager's own thread (in a callback)."""
-        return threading.get_ident() == self._core.thread_ident
+        return threading.current_thread() is self._core.thread
 
     def stopped_error(self) -> ManagerStopped:
         """The error a stopped manager answers with."""

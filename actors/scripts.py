@@ -39,6 +39,7 @@ __all__ = [
     "UnconfirmedLossError",
     "classify_failed",
     "extend_locks",
+    "lock_holds",
     "renew_batch",
     "script_sha",
     "script_source",
@@ -326,6 +327,18 @@ def extend_locks(
 #: Options of a command whose reply is kept as the server's bytes. redis-py
 #: honours them on ``redis.Redis`` and ``redis.RedisCluster``, in pipelines too.
 _RAW: dict[str, Any] = {NEVER_DECODE: True}
+
+
+def lock_holds(conn: Any, keys: QueueKeys, job_id: str, token: str) -> bool:
+    """Whether ``job_id``'s lock holds exactly ``token`` (one GET, read as raw bytes).
+
+    Read raw whatever the client's ``decode_responses``: a value that is not
+    UTF-8 is another holder's, not an unreadable reply.
+
+    Raises:
+        redis.exceptions.RedisError: The read failed.
+    """
+    return bool(conn.execute_command("GET", keys.lock(job_id), **_RAW) == token.encode("utf-8"))
 
 
 def classify_failed(

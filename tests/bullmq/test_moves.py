@@ -81,6 +81,13 @@ def assert_no_loss_reported(worker: Any, notes: dict[str, Any]) -> None:
     assert not notes["signal"].aborted
 
 
+def assert_completed_without_loss(worker: Any, job_id: str, notes: dict[str, Any]) -> None:
+    # bullmq completes a job only while its lock holds the run's token.
+    completed = worker.events.wait("completed", lambda e: str(e.args[0].id) == job_id, SETTLE_S)
+    assert completed.args[1] == "done"
+    assert_no_loss_reported(worker, notes)
+
+
 def test_a_job_moved_to_delayed_is_not_reported_lost(one_bench: Bench) -> None:
     async def process(job: Any, token: str, manager: ManagerRef) -> None:
         await job.moveToDelayed(int(time.time() * 1000) + 60_000, token)
@@ -125,10 +132,7 @@ def test_a_job_with_no_pending_children_stays_and_keeps_its_lock(one_bench: Benc
 
     worker, job_id, notes = run_one(one_bench, process)
 
-    # bullmq completes a job only while its lock holds the run's token.
-    completed = worker.events.wait("completed", lambda e: str(e.args[0].id) == job_id, SETTLE_S)
-    assert completed.args[1] == "done"
-    assert_no_loss_reported(worker, notes)
+    assert_completed_without_loss(worker, job_id, notes)
 
 
 @pytest.mark.skip(
@@ -153,9 +157,7 @@ def test_a_refused_move_leaves_the_lock_renewed(one_bench: Bench) -> None:
     worker, job_id, seen = run_one(one_bench, process)
 
     assert "refused" in notes
-    completed = worker.events.wait("completed", lambda e: str(e.args[0].id) == job_id, SETTLE_S)
-    assert completed.args[1] == "done"
-    assert_no_loss_reported(worker, seen)
+    assert_completed_without_loss(worker, job_id, seen)
 
 
 @pytest.mark.skip(
@@ -177,9 +179,7 @@ def test_a_move_with_another_runs_token_changes_nothing_here(one_bench: Bench) -
     worker, job_id, seen = run_one(one_bench, process)
 
     assert "refused" in notes
-    completed = worker.events.wait("completed", lambda e: str(e.args[0].id) == job_id, SETTLE_S)
-    assert completed.args[1] == "done"
-    assert_no_loss_reported(worker, seen)
+    assert_completed_without_loss(worker, job_id, seen)
 
 
 class SlowTick:
@@ -230,9 +230,7 @@ def test_a_move_cancelled_while_the_job_is_untracked_leaves_the_lock_renewed(
     worker, job_id, seen = run_one(one_bench, process)
 
     assert notes == {"cancelled": True, "active": True, "held": True}
-    completed = worker.events.wait("completed", lambda e: str(e.args[0].id) == job_id, SETTLE_S)
-    assert completed.args[1] == "done"
-    assert_no_loss_reported(worker, seen)
+    assert_completed_without_loss(worker, job_id, seen)
 
 
 @pytest.mark.parametrize("reply", ["cancelled", "timed out"])

@@ -32,6 +32,14 @@ from actors import (
     untrack_job,
 )
 from actors.scripts import BatchOutcome
+from tests.hardening.shared import (
+    INTERVAL_S,
+    TTL,
+    WATCH_S,
+    Bystander,
+    assert_still_renewing,
+    start_manager,
+)
 from tests.support import (
     ManualClock,
     Recorder,
@@ -40,7 +48,6 @@ from tests.support import (
     take_locks,
     tick,
     wait_for,
-    wait_ticks,
     watch_locks,
 )
 
@@ -52,15 +59,10 @@ if TYPE_CHECKING:
     from actors import ManagerRef
 
 KEYS = QueueKeys("review")
-TTL = 400  # ms: renew window 200 ms, interval and threshold 100 ms
-INTERVAL_S = TTL / 4 / 1000
-#: Long enough for a lock nobody renews to expire, with a margin.
-WATCH_S = 3 * TTL / 1000
 
 
 def _manager(client: redis.Redis, **options: Any) -> ManagerRef:
-    options.setdefault("lock_duration", TTL)
-    return start_link(connection=client, keys=KEYS, **options)
+    return start_manager(client, KEYS, **options)
 
 
 class _Inbox:
@@ -73,15 +75,8 @@ class _Inbox:
         self.got.append(message)
 
 
-class _Bystander(pykka.ThreadingActor):
-    """Another actor of the process, which nothing the manager meets may stop."""
-
-
 def _still_renewing(manager: ManagerRef, client: redis.Redis, tokens: dict[str, str]) -> None:
-    """Assert the manager keeps ``tokens``' locks alive for a few TTLs and keeps ticking."""
-    seen = watch_locks(client, KEYS, tokens, seconds=WATCH_S, every=0.02)
-    assert seen.missing == set(), f"locks expired while tracked: {sorted(seen.missing)}"
-    wait_ticks(manager, 2, timeout=20 * INTERVAL_S)
+    assert_still_renewing(manager, client, KEYS, tokens)
 
 
 # -- doors: pykka internals --------------------------------------------------
@@ -206,7 +201,7 @@ def test_a_renewer_raising_base_exception_stops_every_actor(
     ``BaseException`` for this very reason. ``asyncio.CancelledError`` is what
     a renewer bridged to an event loop raises when its call is cancelled.
     """
-    bystander = _Bystander.start()
+    bystander = Bystander.start()
     tokens = take_locks(redis_client, KEYS, ["a"], TTL)
     manager = start_link(
         keys=KEYS, lock_duration=TTL, renewer=_OddRenewer(redis_client, make_error())
@@ -239,7 +234,7 @@ def test_a_notify_target_raising_base_exception_stops_every_actor(
         def tell(self, message: object) -> None:
             raise asyncio.CancelledError
 
-    bystander = _Bystander.start()
+    bystander = Bystander.start()
     other = start_link(connection=redis_client, keys=QueueKeys("other"), lock_duration=TTL)
     tokens = take_locks(redis_client, KEYS, ["a"], TTL)
     manager = _manager(redis_client)

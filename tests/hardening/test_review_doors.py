@@ -38,14 +38,20 @@ from actors import (
     untrack_job,
 )
 from actors.schedule import Timing
+from tests.hardening.shared import (
+    INTERVAL_S,
+    TTL,
+    WATCH_S,
+    Bystander,
+    assert_still_renewing,
+    start_manager,
+)
 from tests.support import (
     ManualClock,
     manual_timer,
     settle,
     take_locks,
     wait_for,
-    wait_ticks,
-    watch_locks,
 )
 
 if TYPE_CHECKING:
@@ -57,10 +63,6 @@ if TYPE_CHECKING:
     from actors import ManagerRef
 
 KEYS = QueueKeys("doors")
-TTL = 400  # ms: renew window 200 ms, interval and threshold 100 ms
-INTERVAL_S = TTL / 4 / 1000
-#: Long enough for a lock nobody renews to expire, with a margin.
-WATCH_S = 3 * TTL / 1000
 
 
 def _hostile(what: str) -> None:
@@ -92,10 +94,6 @@ class _Quiet:
         """Accept the message."""
 
 
-class _Bystander(pykka.ThreadingActor):
-    """Another actor of the process, which nothing the manager meets may stop."""
-
-
 @pytest.fixture
 def logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     # Records are formatted (so every %r runs), as with logging.basicConfig().
@@ -105,20 +103,17 @@ def logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
 
 @pytest.fixture
 def bystander() -> Iterator[pykka.ActorRef[Any]]:
-    ref = _Bystander.start()
+    ref = Bystander.start()
     yield ref
     ref.stop()
 
 
 def _manager(client: redis.Redis, **options: Any) -> ManagerRef:
-    options.setdefault("lock_duration", TTL)
-    return start_link(connection=client, keys=KEYS, **options)
+    return start_manager(client, KEYS, **options)
 
 
 def _still_renewing(manager: ManagerRef, client: redis.Redis, tokens: dict[str, str]) -> None:
-    seen = watch_locks(client, KEYS, tokens, seconds=WATCH_S, every=0.02)
-    assert seen.missing == set(), f"locks expired while tracked: {sorted(seen.missing)}"
-    wait_ticks(manager, 2, timeout=20 * INTERVAL_S)
+    assert_still_renewing(manager, client, KEYS, tokens)
 
 
 @pytest.mark.usefixtures("logged")
@@ -355,6 +350,35 @@ def test_an_ask_racing_stop_is_answered(redis_client: redis.Redis) -> None:
     assert len(outcome) == 1
 
 
+class _HeldAtFirstRenewal:
+    """``on_locks_renewed`` that counts the tracked jobs at each renewal and holds the first.
+
+    While the manager is held in it, the test builds up its mailbox exactly;
+    :meth:`release` lets it go on.
+    """
+
+    def __init__(self) -> None:
+        self.manager: ManagerRef | None = None
+        #: How many jobs were tracked at each renewing tick, in order.
+        self.tracked_at_tick: list[int] = []
+        self._held, self._release = threading.Event(), threading.Event()
+
+    def __call__(self, job_ids: list[str]) -> None:
+        assert self.manager is not None
+        self.tracked_at_tick.append(get_active_job_count(self.manager))
+        if len(self.tracked_at_tick) == 1:
+            self._held.set()
+            self._release.wait(20 * INTERVAL_S)
+
+    def wait_held(self) -> None:
+        """Return once the first renewing tick is held."""
+        assert self._held.wait(20 * INTERVAL_S), "the first tick never renewed"
+
+    def release(self) -> None:
+        """Let the held tick finish."""
+        self._release.set()
+
+
 def test_the_timers_tick_goes_ahead_of_a_backlog(redis_client: redis.Redis) -> None:
     """Defect: the timer's tick queued behind every message before it; a backlog held every lock.
 
@@ -363,17 +387,7 @@ def test_the_timers_tick_goes_ahead_of_a_backlog(redis_client: redis.Redis) -> N
     is held in a callback, so what the tick runs ahead of is exact.
     """
     clock, timers = ManualClock(), manual_timer()
-    held, release = threading.Event(), threading.Event()
-    tracked_at_tick: list[int] = []
-    manager: ManagerRef | None = None
-
-    def on_renewed(job_ids: list[str]) -> None:
-        assert manager is not None
-        tracked_at_tick.append(get_active_job_count(manager))
-        if len(tracked_at_tick) == 1:
-            held.set()
-            release.wait(20 * INTERVAL_S)
-
+    renewals = _HeldAtFirstRenewal()
     fires: list[Callable[[int], None]] = []
 
     def timer(fire: Callable[[int], None], name: str) -> ManualTimer:
@@ -381,7 +395,8 @@ def test_the_timers_tick_goes_ahead_of_a_backlog(redis_client: redis.Redis) -> N
         fires.append(fire)
         return timers(fire, name)
 
-    manager = _manager(redis_client, clock=clock, timer=timer, on_locks_renewed=on_renewed)
+    manager = _manager(redis_client, clock=clock, timer=timer, on_locks_renewed=renewals)
+    renewals.manager = manager
     interval = Timing(TTL).interval
     tokens = take_locks(redis_client, KEYS, ["a"], 60_000)
     # "a" is watched (a lease would be): it is renewed at every tick.
@@ -390,7 +405,7 @@ def test_the_timers_tick_goes_ahead_of_a_backlog(redis_client: redis.Redis) -> N
     # The first grid tick renews "a" and holds the manager in its callback,
     first = clock.now = timers.deadline
     fires[0](first)
-    assert held.wait(20 * INTERVAL_S), "the first tick never renewed"
+    renewals.wait_held()
     # while a backlog of 5,000 tracks builds up behind it, then the next grid tick.
     for i in range(5_000):
         track_job(manager, f"backlog-{i}", "t", ts=clock.now)
@@ -398,12 +413,12 @@ def test_the_timers_tick_goes_ahead_of_a_backlog(redis_client: redis.Redis) -> N
     fires[0](first + interval)
     # Anybody else's ExtendLocks waits its turn, behind the backlog.
     manager.tell(ExtendLocks())
-    release.set()
+    renewals.release()
     settle(manager)
 
     # The timer's tick ran before the backlog: only "a" was tracked then;
     # the other "renew now" after it (and renewed nothing due, so said nothing).
-    assert tracked_at_tick == [1, 1]
+    assert renewals.tracked_at_tick == [1, 1]
     assert get_active_job_count(manager) == 5_001
 
 
@@ -489,32 +504,23 @@ def test_a_field_changed_after_the_message_was_built_is_dropped(
 
 def test_an_extend_locks_anybody_sends_waits_its_turn(redis_client: redis.Redis) -> None:
     """Defect: any ``ExtendLocks(scheduled=...)`` jumped the mailbox, starving what came first."""
-    held, release = threading.Event(), threading.Event()
-    tracked_at_tick: list[int] = []
-    manager: ManagerRef | None = None
-
-    def on_renewed(job_ids: list[str]) -> None:
-        assert manager is not None
-        tracked_at_tick.append(get_active_job_count(manager))
-        if len(tracked_at_tick) == 1:
-            held.set()
-            release.wait(20 * INTERVAL_S)
-
+    renewals = _HeldAtFirstRenewal()
     clock = ManualClock()
-    manager = _manager(redis_client, clock=clock, timer=manual_timer(), on_locks_renewed=on_renewed)
+    manager = _manager(redis_client, clock=clock, timer=manual_timer(), on_locks_renewed=renewals)
+    renewals.manager = manager
     tokens = take_locks(redis_client, KEYS, ["a", "b"], 60_000)
     track_job(manager, "a", tokens["a"], ts=clock.now - 1_000)
     settle(manager)
     manager.tell(ExtendLocks())
-    assert held.wait(20 * INTERVAL_S), "the first tick never renewed"
+    renewals.wait_held()
     # Queued while the manager is held: a track, then a forged grid tick.
     track_job(manager, "b", tokens["b"], ts=clock.now - 1_000)
     manager.tell(ExtendLocks(clock.now))
-    release.set()
+    renewals.release()
     settle(manager)
 
     # The forged tick came after the track: it renewed "b".
-    assert tracked_at_tick == [1, 2]
+    assert renewals.tracked_at_tick == [1, 2]
 
 
 def test_a_proxy_reads_values_not_the_managers_machinery(redis_client: redis.Redis) -> None:
@@ -522,7 +528,7 @@ def test_a_proxy_reads_values_not_the_managers_machinery(redis_client: redis.Red
     manager = _manager(redis_client)
     proxy = manager.proxy()
     assert proxy.queue_name.get(timeout=5) == KEYS.name
-    for name in ("actor_inbox", "actor_stopped", "thread", "thread_ident"):
+    for name in ("actor_inbox", "actor_stopped", "thread"):
         with pytest.raises(AttributeError, match="can read only"):
             getattr(proxy, name).get(timeout=5)
     for method in ("handle", "on_receive"):
