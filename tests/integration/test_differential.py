@@ -8,7 +8,10 @@ one and the script shipped in the PyPI ``bullmq`` package on the other. The
 returned ids, or the fact of an error, and every resulting key must match
 (TTLs within a tolerance). That holds for good input and for bad: TTLs the
 server cannot use, malformed msgpack, arrays of different lengths, ids and
-tokens that are not strings.
+tokens that are not strings. Batches often name a job more than once, each
+time with its own token, and :func:`actors.extend_locks` as a whole (its
+read-back of the reported locks and its chunking included) must return what
+BullMQ's script returns.
 
 Two differences are deliberate, and each has its own test:
 
@@ -39,7 +42,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from redis.exceptions import ResponseError
 
-from actors import QueueKeys
+from actors import QueueKeys, extend_locks
 from actors.scripts import script_source
 from tests.conftest import Server
 
@@ -64,9 +67,12 @@ LLONG_MAX = 2**63 - 1
 job_ids = st.text(
     alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=12
 )
+#: Ids of one batch: often drawn from a few, so that a batch names a job
+#: more than once (each time with its own token, as BullMQ's script allows).
+batch_ids = st.one_of(job_ids, st.sampled_from(["0", "1", "dup"]))
 lock_states = st.sampled_from(["ours", "theirs", "missing", "ours-persistent"])
 jobs = st.lists(
-    st.tuples(job_ids, lock_states, st.booleans(), st.integers(5000, 60000)), max_size=12
+    st.tuples(batch_ids, lock_states, st.booleans(), st.integers(5000, 60000)), max_size=12
 )
 jobs_with_wrong_types = st.lists(
     st.tuples(
@@ -255,6 +261,39 @@ def test_our_script_behaves_exactly_like_bullmqs(
 
     assert not isinstance(our_reply, Failed)
     assert our_reply == their_reply
+    assert_same_keys(snapshot(ours), snapshot(theirs))
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    batch=jobs,
+    ttl=st.integers(1000, 120000),
+    bystander=st.booleans(),
+    max_batch=st.sampled_from([None, 1, 2, 5]),
+)
+def test_extend_locks_returns_what_bullmqs_script_returns(
+    databases: tuple[redis.Redis, redis.Redis],
+    batch: Batch,
+    ttl: int,
+    bystander: bool,
+    max_batch: int | None,
+) -> None:
+    # The whole call, read-back of the reported locks included, in one script
+    # call or in chunks: duplicate ids are reported per entry, as BullMQ does.
+    ours, theirs = databases
+    ids = [job_id for job_id, *_ in batch]
+    tokens = write_state(ours, batch, bystander)
+    write_state(theirs, batch, bystander)
+    event("duplicate ids" if len(set(ids)) < len(ids) else "unique ids")
+
+    failed = extend_locks(ours, KEYS, ids, tokens, ttl, max_batch=max_batch)
+    their_reply = run(theirs, bullmq_script(), ids, tokens, ttl)
+
+    assert [job_id.encode() for job_id in failed] == their_reply
     assert_same_keys(snapshot(ours), snapshot(theirs))
 
 

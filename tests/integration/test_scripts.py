@@ -11,7 +11,7 @@ import redis
 from redis.exceptions import ResponseError
 
 from actors import QueueKeys, extend_locks
-from actors.scripts import STOLEN, renew_batch, script_sha, script_source
+from actors.scripts import EXPIRED, STOLEN, renew_batch, script_sha, script_source
 
 pytestmark = pytest.mark.both_engines
 
@@ -71,6 +71,37 @@ def test_mixed_batch_reports_only_lost_ids_in_order(engine_client: redis.Redis) 
     assert failed == ["j3", "j7"]
     for job_id in set(ids) - {"j3", "j7"}:
         assert engine_client.pttl(KEYS.lock(job_id)) > 19000
+
+
+@pytest.mark.parametrize("max_batch", [None, 1, 2])
+def test_an_id_named_twice_is_reported_for_the_entry_whose_token_lost(
+    engine_client: redis.Redis, max_batch: int | None
+) -> None:
+    # As BullMQ's script does: each entry is its own renewal, so the entry
+    # with the token the lock no longer holds is the one reported, and the
+    # read-back matches that report to that entry, not to the id's last one.
+    first, second, third = token(), token(), token()
+    lock(engine_client, "0", second)
+    lock(engine_client, "1", third)
+
+    failed = extend_locks(
+        engine_client, KEYS, ["0", "0", "1"], [first, second, third], 1000, max_batch=max_batch
+    )
+    outcome = renew_batch(
+        engine_client, KEYS, ["0", "1", "0"], [first, third, second], 1000, max_batch=max_batch or 3
+    )
+
+    assert failed == ["0"]
+    assert (outcome.failed, outcome.errors, outcome.reasons) == (["0"], [], {"0": STOLEN})
+    assert engine_client.get(KEYS.lock("0")) == second.encode()
+
+
+def test_an_id_named_twice_with_its_lock_gone_is_reported_twice(
+    engine_client: redis.Redis,
+) -> None:
+    outcome = renew_batch(engine_client, KEYS, ["0", "0"], [token(), token()], 1000)
+
+    assert (outcome.failed, outcome.errors, outcome.reasons) == (["0", "0"], [], {"0": EXPIRED})
 
 
 @pytest.mark.parametrize("job_id", ["ünïcødé-✓", "a:b:c", "with space", "42", "{tag}x", "日本"])

@@ -36,6 +36,8 @@ PERIOD_S = 0.01
 #: The longest gap between two turns of a loop that is never blocked: ten
 #: periods, room for the GIL being busy with the 100k-job bookkeeping.
 TURN_BOUND_S = 10 * PERIOD_S
+#: Most seconds an idle manager takes to answer, with room for a loaded machine.
+ANSWER_S = 5.0
 
 
 @pytest.fixture
@@ -171,27 +173,39 @@ def test_a_timeout_raises_pykka_timeout(busy_small: ManagerRef) -> None:
     assert asyncio.run(main()) < HOLD_S
 
 
-def test_many_waiting_questions_share_one_answer_thread(
-    busy_small: ManagerRef, table: LockTable
-) -> None:
+def test_many_waiting_questions_wait_on_no_thread(busy_small: ManagerRef, table: LockTable) -> None:
     before = set(threading.enumerate())
 
     async def main() -> tuple[list[int], int]:
         # Given two hundred tasks waiting on the busy manager at once
         asking = [asyncio.ensure_future(aio.get_active_job_count(busy_small)) for _ in range(200)]
         await asyncio.sleep(0)
-        threads = [
-            t
-            for t in set(threading.enumerate()) - before
-            if t.name.startswith("LockManager-answers")
-        ]
+        threads = len(set(threading.enumerate()) - before)
         table.gate.set()
-        return list(await asyncio.gather(*asking)), len(threads)
+        return list(await asyncio.gather(*asking)), threads
 
     counts, threads = asyncio.run(main())
-    # then one thread waited for all their answers, and each got its own
-    assert threads == 1
+    # then no thread was started to wait for their answers, and each got its own
+    assert threads == 0
     assert counts == [3] * 200
+
+
+def test_an_answer_that_never_comes_holds_up_no_other_question(manager: ManagerRef) -> None:
+    # Given a task awaiting a future that is never answered
+    never: pykka.ThreadingFuture[int] = pykka.ThreadingFuture()
+
+    async def main() -> tuple[int, bool]:
+        stuck = asyncio.ensure_future(aio.answer(manager, never))
+        await asyncio.sleep(0)
+        # when other tasks then ask the same manager
+        count = await aio.get_active_job_count(manager, timeout=ANSWER_S)
+        await aio.untrack_job(manager, "a", timeout=ANSWER_S)
+        waiting = not stuck.done()
+        stuck.cancel()
+        return count, waiting
+
+    # then each gets its answer, and only the first task still waits
+    assert asyncio.run(main()) == (0, True)
 
 
 def test_a_question_left_in_a_stopping_managers_mailbox_gets_manager_stopped(
