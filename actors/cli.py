@@ -18,14 +18,13 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.connection import parse_url
 
-from actors.connection import client_for_url, command_timeout
+from actors.connection import client_for_url, command_timeout, redacted_url
 from actors.keys import DEFAULT_PREFIX, QueueKeys
-from actors.schedule import Timing
+from actors.schedule import MIN_REDIS_LOCK_DURATION, Timing
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -39,6 +38,7 @@ __all__ = [
     "build_parser",
     "explain",
     "main",
+    "other_prefix_hint",
     "read_locks",
     "render_locks",
 ]
@@ -55,14 +55,19 @@ DEFAULT_WATCH_SECONDS = 2.0
 CONNECT_TIMEOUT_SECONDS = 5.0
 #: Keys asked per SCAN call, and locks read per round trip.
 SCAN_COUNT = 1000
+#: The server ``--url`` names when neither it nor ``REDIS_URL`` is given.
+DEFAULT_URL = "redis://localhost:6379/0"
+#: Prefixes looked under when a queue has no lock under the one given.
+COMMON_PREFIXES = (DEFAULT_PREFIX, "bull")
 
 _CLEAR = "\x1b[H\x1b[2J"
 _EPILOG = """\
 examples:
   %(prog)s locks --url redis://localhost:6379/0 --queue emails
       every lock of queue "emails" (keys emq:emails:<job id>:lock)
-  %(prog)s locks --url redis://localhost:6379/0 --queue emails --prefix bull --watch 1
-      a BullMQ queue, refreshed every second until Ctrl-C
+  %(prog)s locks --queue emails --prefix bull --watch 1
+      a BullMQ queue (keys bull:emails:<job id>:lock) on $REDIS_URL or
+      localhost, refreshed every second until Ctrl-C
   %(prog)s explain --lock-duration 30000 --lock-renew-time 25000
       the windows of a configuration with less than one tick of margin (warns)
 
@@ -104,6 +109,8 @@ class LockInfo:
     stalled: bool
     #: Monotonic seconds when the round trip that read the lock started and ended.
     read_at: tuple[float, float]
+    #: The key's Redis type when it is not a string (no worker wrote it), else ``None``.
+    wrong_type: str | None = None
 
     @property
     def expires(self) -> tuple[float, float] | None:
@@ -156,15 +163,51 @@ def _read_page(
     for key, job_id in page:
         pipe.get(key).pttl(key).sismember(keys.stalled, job_id)
     started = time.monotonic()
-    replies: list[Any] = pipe.execute()
+    # Errors as replies: one key of another type must not hide the others.
+    replies: list[Any] = pipe.execute(raise_on_error=False)
     read_at = (started, time.monotonic())
     locks = []
-    for i, (_, job_id) in enumerate(page):
+    for i, (key, job_id) in enumerate(page):
         token, ttl, stalled = replies[3 * i : 3 * i + 3]
-        if token is not None and ttl != -2:
-            text = token.decode("utf-8", "replace") if isinstance(token, bytes) else token
-            locks.append(LockInfo(job_id, text, int(ttl), bool(stalled), read_at))
+        for reply in (ttl, stalled):
+            if isinstance(reply, Exception):
+                raise reply
+        wrong_type = None
+        if isinstance(token, redis.ResponseError) and str(token).startswith("WRONGTYPE"):
+            wrong_type, token = _text(conn.type(key)), ""
+        elif isinstance(token, Exception):
+            raise token
+        if token is not None and ttl != -2 and wrong_type != "none":
+            locks.append(
+                LockInfo(job_id, _text(token), int(ttl), bool(stalled), read_at, wrong_type)
+            )
     return locks
+
+
+def _text(reply: bytes | str) -> str:
+    return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else reply
+
+
+def other_prefix_hint(conn: redis.Redis, keys: QueueKeys) -> str | None:
+    """Return a one-line hint when the queue has locks under another common prefix.
+
+    For a queue with no lock under the prefix given: EchoMQ's ``emq`` and
+    BullMQ's ``bull`` are looked under (one SCAN walk each).
+
+    Returns:
+        The hint, or ``None`` when no other common prefix holds a lock of the queue.
+    """
+    for prefix in COMMON_PREFIXES:
+        if prefix == keys.prefix:
+            continue
+        other = QueueKeys(keys.name, prefix=prefix)
+        found = sum(1 for _ in conn.scan_iter(match=other.lock_pattern, count=SCAN_COUNT))
+        if found:
+            return (
+                f"hint: {found} lock(s) of queue {keys.name!r} under prefix {prefix!r} "
+                f"({other.key_prefix}<job id>:lock): add --prefix {prefix}"
+            )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +297,8 @@ def render_locks(
         return header
     rows = [["JOB", "TOKEN", "TTL", "STALLED"] + (["RENEWED", "LOWEST TTL"] if watched else [])]
     for lock in locks:
-        row = [lock.job_id, _short_token(lock.token), _ttl(lock.ttl_ms)]
+        token = _short_token(lock.token) if lock.wrong_type is None else f"({lock.wrong_type} key)"
+        row = [lock.job_id, token, _ttl(lock.ttl_ms)]
         row.append("yes" if lock.stalled else "no")
         rows.append(row + list(watched.get(lock.job_id, ("-", "-")) if watched else []))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -296,6 +340,14 @@ def explain(timing: Timing) -> tuple[str, list[str]]:
     width = [max(len(row[i]) for row in rows) for i in (0, 1)]
     text = "".join(f"{a.ljust(width[0])}  {b.rjust(width[1])}  {c}\n" for a, b, c in rows)
     warnings = []
+    if timing.lock_duration < 1000:
+        duration = timing.lock_duration
+        refused = f" (refused under {MIN_REDIS_LOCK_DURATION} ms on Redis)"
+        warnings.append(
+            f"lock_duration is in milliseconds: locks of {duration} ms"
+            f"{refused if duration < MIN_REDIS_LOCK_DURATION else ''}; "
+            f"for {duration} seconds pass {duration * 1000}"
+        )
     if margin < interval:
         safe = _largest_safe_renew_time(timing.lock_duration)
         advice = "" if safe is None else f"; a lock_renew_time of at most {safe} ms keeps one tick"
@@ -331,6 +383,26 @@ def _name(value: str) -> str:
     return value
 
 
+def _queue_name(value: str) -> str:
+    if ":" in _name(value):
+        head, _, tail = value.rpartition(":")
+        raise argparse.ArgumentTypeError(
+            f"a queue name never holds ':', got {value!r}; for the keys "
+            f"'{value}:<job id>:lock' use --prefix {head} --queue {tail}"
+        )
+    return value
+
+
+def _prefix(value: str) -> str:
+    if _name(value).endswith(":"):
+        fixed = value.rstrip(":")
+        raise argparse.ArgumentTypeError(
+            f"must not end with ':', got {value!r} (the ':' before the queue name is added)"
+            + (f"; use --prefix {fixed}" if fixed else "")
+        )
+    return value
+
+
 def _seconds(value: str) -> float:
     with contextlib.suppress(ValueError):
         if 0 < float(value) < math.inf:
@@ -362,10 +434,16 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         epilog=epilog,
         formatter_class=formatter,
     )
+    locks.set_defaults(command_parser=locks)
     add = locks.add_argument
-    add("--url", required=True, type=_redis_url, help="the server: redis://[:password@]host/db")
-    add("--queue", required=True, type=_name, metavar="NAME", help="queue name")
-    add("--prefix", default=DEFAULT_PREFIX, type=_name, help="key prefix: emq (default), bull")
+    add(
+        "--url",
+        default=os.environ.get("REDIS_URL") or DEFAULT_URL,
+        type=_redis_url,
+        help=f"the server: redis://[:password@]host/db (default: $REDIS_URL, else {DEFAULT_URL})",
+    )
+    add("--queue", required=True, type=_queue_name, metavar="NAME", help="queue name, no prefix")
+    add("--prefix", default=DEFAULT_PREFIX, type=_prefix, help="key prefix: emq (default), bull")
     every = f"refresh every SECONDS (default {DEFAULT_WATCH_SECONDS:g}) until Ctrl-C"
     add(
         "--watch",
@@ -389,16 +467,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _redacted(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
-
-
 def _run_locks(args: argparse.Namespace, prog: str, out: TextIO, err: TextIO) -> int:
-    keys, every = QueueKeys(args.queue, prefix=args.prefix), args.watch
+    try:
+        keys = QueueKeys(args.queue, prefix=args.prefix)
+    except ValueError as exc:
+        args.command_parser.error(str(exc))
+    every, hint = args.watch, None
     watch, clear = Watch(), (_CLEAR if out.isatty() else "\n")
     conn = client_for_url(args.url, timeout=CONNECT_TIMEOUT_SECONDS)
     start, frames = time.monotonic(), 0
@@ -406,8 +480,11 @@ def _run_locks(args: argparse.Namespace, prog: str, out: TextIO, err: TextIO) ->
         while True:
             try:
                 locks, stalled_total = read_locks(conn, keys)
+                if not locks and hint is None:
+                    # One look per run: a wrong prefix does not fix itself.
+                    hint = other_prefix_hint(conn, keys) or ""
             except (redis.RedisError, OSError) as exc:
-                problem = f"cannot read the locks of {keys.base!r} on {_redacted(args.url)}: "
+                problem = f"cannot read the locks of {keys.base!r} on {redacted_url(args.url)}: "
                 problem += " ".join(f"{type(exc).__name__}: {exc}".split())
                 if frames == 0:  # A typo in the URL should fail at once, not loop.
                     err.write(f"{prog}: error: {problem}\n")
@@ -416,6 +493,8 @@ def _run_locks(args: argparse.Namespace, prog: str, out: TextIO, err: TextIO) ->
             else:
                 watched = None if every is None else watch.update(locks)
                 frame = render_locks(keys, locks, stalled_total, watched=watched)
+                if not locks and hint:
+                    frame += f"{hint}\n"
             if every is None:
                 out.write(frame)
                 return EXIT_OK

@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import logging
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
@@ -35,9 +36,12 @@ __all__ = [
     "client_like",
     "cluster_client",
     "command_timeout",
+    "describe_connection",
     "hash_slot",
     "is_cluster",
+    "redacted_url",
     "socket_timeout",
+    "unreachable_message",
 ]
 
 logger = logging.getLogger(__name__)
@@ -119,7 +123,9 @@ _COPIED_SETTINGS = (
 )
 
 
-def client_like(options: object, *, interval_ms: int) -> redis.Redis:
+def client_like(
+    options: object, *, interval_ms: int, timeout: float | None = None, retries: int = RETRIES
+) -> redis.Redis:
     """Build a bounded one-server client that reaches the server ``options`` reach.
 
     For a program that already has its connection settings in another shape
@@ -133,6 +139,10 @@ def client_like(options: object, *, interval_ms: int) -> redis.Redis:
             client, whose server, database, credentials and TLS settings are
             copied (the client itself is left alone).
         interval_ms: The manager's tick interval.
+        timeout: The wait per attempt in seconds; :func:`command_timeout` of
+            ``interval_ms`` when ``None``.
+        retries: Retries after a failed attempt (``0`` for a command that
+            must not run twice).
 
     Raises:
         TypeError: ``options`` is a cluster client (build one with
@@ -158,12 +168,12 @@ def client_like(options: object, *, interval_ms: int) -> redis.Redis:
             "connection options must be a URL, a dict of redis.Redis keywords or a "
             f"redis.Redis / redis.asyncio.Redis client, got {type(options).__name__}"
         )
-    seconds = command_timeout(interval_ms)
+    seconds = command_timeout(interval_ms) if timeout is None else timeout
     return redis.Redis(
         **settings,
         socket_timeout=seconds,
         socket_connect_timeout=seconds,
-        retry=Retry(NoBackoff(), RETRIES),
+        retry=Retry(NoBackoff(), retries),
     )
 
 
@@ -270,10 +280,21 @@ def check_client(conn: object, keys: QueueKeys, interval_ms: int) -> None:
             the script's arguments are UTF-8 on every runtime), or the queue's
             keys cannot share one slot of the cluster it talks to.
     """
-    if not isinstance(conn, (redis.Redis, redis.RedisCluster)):
+    if isinstance(conn, (redis.asyncio.Redis, redis.asyncio.RedisCluster)):
+        sync = "RedisCluster" if isinstance(conn, redis.asyncio.RedisCluster) else "Redis"
         raise TypeError(
-            "connection must be a redis.Redis, a redis.RedisCluster or a URL, "
-            f"got {type(conn).__name__}"
+            f"connection is a redis.asyncio.{sync}; the manager renews from a thread of its "
+            f"own and needs a synchronous client: pass the server's URL instead "
+            f"(connection={describe_connection(conn)!r}, with the password if it has one), "
+            f"or a redis.{sync}"
+        )
+    if not isinstance(conn, (redis.Redis, redis.RedisCluster)):
+        kind = type(conn)
+        named = kind.__qualname__
+        if kind.__module__ != "builtins":
+            named = f"{kind.__module__}.{named}"
+        raise TypeError(
+            f"connection must be a redis.Redis, a redis.RedisCluster or a URL, got {named}"
         )
     name = encoding(conn)
     if name.replace("_", "-").lower() not in ("utf-8", "utf8"):
@@ -327,3 +348,83 @@ def check_cluster_keys(keys: QueueKeys) -> None:
             f"'{keys.prefix}:{{{keys.name}}}:<job_id>:lock' (the same rule as BullMQ's "
             f"'{{queue}}' names)"
         )
+
+
+def redacted_url(url: str) -> str:
+    """Return ``url`` with its password, if any, replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return "<a URL that does not parse>"
+    if password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def describe_connection(conn: object) -> str:
+    """Return the server a client or URL reaches, as a URL with the password masked.
+
+    For log lines and errors: ``rediss://user:***@host:6380/2``,
+    ``unix:///run/redis.sock?db=0``, or the first startup node of a cluster
+    client. A client whose pool does not name its server (a Sentinel-managed
+    one) is described by its type.
+    """
+    if isinstance(conn, str):
+        return redacted_url(conn)
+    if isinstance(conn, (redis.RedisCluster, redis.asyncio.RedisCluster)):
+        nodes = getattr(conn, "startup_nodes", None) or getattr(
+            getattr(conn, "nodes_manager", None), "startup_nodes", None
+        )
+        first = next(iter(nodes.values() if isinstance(nodes, dict) else nodes or []), None)
+        kwargs = _connection_kwargs(conn)
+        where = f"{first.host}:{first.port}" if first is not None else "?"
+        return f"{_scheme_auth('redis', kwargs)}{where} (cluster)"
+    pool = getattr(conn, "connection_pool", None)
+    kwargs = dict(getattr(pool, "connection_kwargs", None) or {})
+    kind = getattr(pool, "connection_class", None)
+    db = kwargs.get("db", 0)
+    if kwargs.get("path"):
+        user = kwargs.get("username")
+        password = "" if kwargs.get("password") is None else "&password=***"
+        auth = f"{quote(user)}@" if user else ""
+        return f"unix://{auth}{quote(str(kwargs['path']))}?db={db}{password}"
+    if kwargs.get("host"):
+        ssl = kind in (redis.SSLConnection, redis.asyncio.SSLConnection)
+        scheme = "rediss" if ssl else "redis"
+        return f"{_scheme_auth(scheme, kwargs)}{kwargs['host']}:{kwargs.get('port', 6379)}/{db}"
+    return f"a {type(conn).__module__}.{type(conn).__qualname__} client"
+
+
+def _scheme_auth(scheme: str, kwargs: dict[str, Any]) -> str:
+    user = kwargs.get("username") or ""
+    if kwargs.get("password") is not None:
+        return f"{scheme}://{quote(user)}:***@"
+    if user:
+        return f"{scheme}://{quote(user)}@"
+    return f"{scheme}://"
+
+
+def unreachable_message(conn: object, queue: str, exc: BaseException) -> str:
+    """Say that a manager cannot reach its server, where it looked, and what to check.
+
+    Args:
+        conn: The manager's client (or URL).
+        queue: The queue's name.
+        exc: The connection error or timeout.
+    """
+    where = describe_connection(conn)
+    cause = " ".join(f"{type(exc).__name__}: {exc}".split())
+    if isinstance(exc, redis.AuthenticationError):
+        check = "the username and password"
+    else:
+        check = (
+            "that the server runs and listens there, that host, port and database are "
+            "right (unix:// for a socket, rediss:// for TLS), and that no firewall is in the way"
+        )
+    return (
+        f"LockManager for queue {queue!r} cannot reach its Redis server at {where} "
+        f"({cause}); check {check}. Its locks are not renewed until it can: every tick "
+        f"tries again"
+    )

@@ -50,9 +50,11 @@ class QueueKeys:
 
     Raises:
         TypeError: ``name`` or ``prefix`` is not a ``str``.
-        ValueError: ``name`` or ``prefix`` is empty, or ``name`` holds a
-            ``:`` (a queue name never does, in BullMQ 5 and EchoMQ: a name
-            like ``"bull:emails"`` is a prefix and a name run together).
+        ValueError: ``name`` or ``prefix`` is empty, ``name`` holds a ``:``
+            (a queue name never does, in BullMQ 5 and EchoMQ: a name like
+            ``"bull:emails"`` is a prefix and a name run together), or
+            ``prefix`` ends with ``:`` (the colon between the two is added
+            here: ``prefix="bull:"`` would give ``bull::emails:...``).
     """
 
     __slots__ = ("_base", "_key_prefix", "_name", "_prefix", "_stalled")
@@ -66,9 +68,41 @@ class QueueKeys:
                 f"name must not contain ':', got {name!r}; for the keys "
                 f"'{name}:<job_id>:lock' use QueueKeys({tail!r}, prefix={head!r})"
             )
-        self._base = f"{self._prefix}:{self._name}"
+        prefix, name = self._prefix, self._name
+        if prefix.endswith(":"):
+            fixed = prefix.rstrip(":")
+            fix = f"QueueKeys({name!r}, prefix={fixed!r})" if fixed else "a prefix without ':'"
+            raise ValueError(
+                f"prefix must not end with ':', got {prefix!r}: the ':' between prefix and "
+                f"name is added here, so it would give '{prefix}:{name}:<job_id>:lock'; "
+                f"use {fix}"
+            )
+        self._build(name)
+
+    def _build(self, name: str) -> None:
+        self._name = name
+        self._base = f"{self._prefix}:{name}"
         self._key_prefix = self._base + ":"
         self._stalled = self._key_prefix + "stalled"
+
+    @classmethod
+    def as_bullmq_names(cls, name: str, prefix: str) -> QueueKeys:
+        """Return the keys of a queue named as bullmq-py (PyPI) accepts it.
+
+        bullmq-py runs a queue of any name, the empty one and names holding
+        ``:`` included, and builds its keys as ``{prefix}:{name}:...``; the
+        keys built here are the same. Other runtimes refuse such names: use
+        the checked constructor for them.
+
+        Raises:
+            TypeError: ``name`` or ``prefix`` is not a ``str``.
+            ValueError: ``prefix`` is empty, or either is not UTF-8.
+        """
+        if name != "" and ":" not in name:
+            return cls(name, prefix)
+        keys = cls("_", prefix)
+        keys._build(require_text(name, "name") if name else "")
+        return keys
 
     @property
     def name(self) -> str:

@@ -9,9 +9,13 @@ in-memory lock table) plugs in through ``start_link(renewer=...)``.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
-from actors.connection import check_client, client_for_url
+import redis
+
+from actors.connection import check_client, client_for_url, unreachable_message
+from actors.schedule import check_lock_duration
 from actors.scripts import DEFAULT_MAX_BATCH, BatchOutcome, renew_batch
 from actors.validation import require_int
 
@@ -22,6 +26,8 @@ if TYPE_CHECKING:
     from actors.keys import QueueKeys
 
 __all__ = ["BatchOutcome", "RedisRenewer", "Renewer"]
+
+logger = logging.getLogger("actors.lock_manager")
 
 
 class Renewer(Protocol):
@@ -59,9 +65,10 @@ class RedisRenewer:
     Raises:
         TypeError: ``connection`` is not a client or a URL; ``max_batch`` is
             not an ``int``.
-        ValueError: ``max_batch`` is not positive, the client's encoding is
-            not UTF-8, or a cluster client was given for keys that cannot
-            share one slot.
+        ValueError: ``max_batch`` is not positive, ``lock_duration`` is under
+            :data:`~actors.schedule.MIN_REDIS_LOCK_DURATION`, the client's
+            encoding is not UTF-8, or a cluster client was given for keys that
+            cannot share one slot.
     """
 
     def __init__(
@@ -73,6 +80,7 @@ class RedisRenewer:
         max_batch: int = DEFAULT_MAX_BATCH,
     ) -> None:
         self._max_batch = require_int(max_batch, "max_batch")
+        check_lock_duration(lock_duration)
         self._owns = isinstance(connection, str)
         conn: Any = (
             client_for_url(connection, interval_ms=interval_ms)
@@ -83,6 +91,7 @@ class RedisRenewer:
         self.connection: Client = conn
         self.keys = keys
         self.lock_duration = lock_duration
+        self._told_unreachable = False
 
     @property
     def max_batch(self) -> int:
@@ -91,16 +100,24 @@ class RedisRenewer:
 
     def __call__(self, job_ids: Sequence[str], tokens: Sequence[str]) -> BatchOutcome:
         """Renew ``job_ids`` held with ``tokens`` in one round trip."""
-        return renew_batch(
-            self.connection,
-            self.keys,
-            job_ids,
-            tokens,
-            self.lock_duration,
-            max_batch=self._max_batch,
-            # Every id and token was checked when the job was tracked.
-            check_items=False,
-        )
+        try:
+            return renew_batch(
+                self.connection,
+                self.keys,
+                job_ids,
+                tokens,
+                self.lock_duration,
+                max_batch=self._max_batch,
+                # Every id and token was checked when the job was tracked.
+                check_items=False,
+            )
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            # Once, at the first failure: where the server was looked for and
+            # what to check. The tick's own error line follows, every streak.
+            if not self._told_unreachable:
+                self._told_unreachable = True
+                logger.error("%s", unreachable_message(self.connection, self.keys.name, exc))
+            raise
 
     def close(self) -> None:
         """Close the client if the renewer built it from a URL."""

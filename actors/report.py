@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from actors.lost import EXPIRED
 from actors.stats import Counters
+from actors.timer import resolution_ms
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -66,15 +67,29 @@ class Reporter:
             self._late_streak = 0
             return
         self._late_streak += 1
-        if self._late_streak == 1:
+        if self._late_streak > 1:
+            return
+        resolution = resolution_ms()
+        if late_ms <= resolution:
+            # Within what any thread's wake-up costs: the windows are too short.
             logger.warning(
-                "LockManager for queue %r: a tick ran %d ms late (more than a quarter of the "
-                "%d ms renew window): something holds this process's GIL or CPU; a job that "
-                "blocks in C code needs a separate process",
+                "LockManager for queue %r: a tick ran %d ms late, more than a quarter of the "
+                "%d ms renew window although within a thread timer's resolution (%d ms): "
+                "durations are in milliseconds, and windows this short cannot be kept",
                 self._keys.name,
                 late_ms,
                 self._timing.renew_time,
+                resolution,
             )
+            return
+        logger.warning(
+            "LockManager for queue %r: a tick ran %d ms late (more than a quarter of the "
+            "%d ms renew window): something holds this process's GIL or CPU; a job that "
+            "blocks in C code needs a separate process",
+            self._keys.name,
+            late_ms,
+            self._timing.renew_time,
+        )
 
     def renewed(self, job_ids: list[str], now: int, margin_ms: int) -> None:
         """Count a tick's renewals and pass them to ``on_locks_renewed``."""

@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_LOCK_DURATION",
+    "MIN_REDIS_LOCK_DURATION",
     "Timing",
+    "check_lock_duration",
     "due_mask",
     "monotonic_ms",
     "next_deadline",
@@ -36,6 +38,13 @@ __all__ = [
 
 #: Default lock TTL, in milliseconds, as every EchoMQ and BullMQ runtime uses.
 DEFAULT_LOCK_DURATION = 30000
+
+#: Shortest lock a manager sets on a Redis server, in milliseconds. Below it
+#: the lock's margin at its latest renewal (half of it, by default) is shorter
+#: than a single ordinary pause of the process or the server (a collection, a
+#: fork for a snapshot, one retransmitted packet), and the value is far more
+#: likely seconds typed for milliseconds (``lock_duration=30``) than meant.
+MIN_REDIS_LOCK_DURATION = 100
 
 
 def monotonic_ms() -> int:
@@ -115,6 +124,31 @@ class Timing:
     def margin(self) -> int:
         """Time a lock has left at the latest renewal attempt, in milliseconds."""
         return self.lock_duration - self.worst_gap
+
+
+def check_lock_duration(lock_duration: int) -> None:
+    """Refuse a lock TTL too short to be meant for a Redis lock.
+
+    :class:`Timing` accepts any duration from 4 ms, for a manager driven by a
+    test's clock and lock table; a manager renewing on a Redis server checks
+    this too.
+
+    Args:
+        lock_duration: The lock TTL, an ``int`` already checked by :class:`Timing`.
+
+    Raises:
+        ValueError: ``lock_duration`` is under :data:`MIN_REDIS_LOCK_DURATION`.
+    """
+    if lock_duration >= MIN_REDIS_LOCK_DURATION:
+        return
+    timing = Timing(max(lock_duration, 4))
+    raise ValueError(
+        f"lock_duration is in milliseconds: {lock_duration} would make each lock "
+        f"{lock_duration} ms long, renewed by a tick every {timing.interval} ms; for "
+        f"{lock_duration} seconds pass lock_duration={lock_duration * 1000} (locks under "
+        f"{MIN_REDIS_LOCK_DURATION} ms are refused: no pause of the process or the server "
+        f"can fit in their margin)"
+    )
 
 
 def due_mask(stamps: Mapping[str, int], now: int, threshold: int) -> list[bool]:

@@ -10,6 +10,8 @@ the grid alone.
 from __future__ import annotations
 
 import logging
+import math
+import sys
 import threading
 from collections.abc import Callable
 from typing import Protocol
@@ -18,9 +20,20 @@ import pykka
 
 from actors.schedule import monotonic_ms
 
-__all__ = ["ManualTimer", "ThreadTimer", "Timer", "TimerFactory"]
+__all__ = ["ManualTimer", "ThreadTimer", "Timer", "TimerFactory", "resolution_ms"]
 
 logger = logging.getLogger(__name__)
+
+
+def resolution_ms() -> int:
+    """Return how late a :class:`ThreadTimer`'s fire may run with nothing wrong, in milliseconds.
+
+    The clock counts whole milliseconds (one), and a woken thread may wait up
+    to the interpreter's switch interval (``sys.getswitchinterval()``, 5 ms by
+    default) for its turn while another thread runs Python code. Lateness
+    within this says nothing about the process.
+    """
+    return 1 + math.ceil(sys.getswitchinterval() * 1000)
 
 
 class Timer(Protocol):
@@ -38,6 +51,10 @@ class Timer(Protocol):
 #: Builds a manager's timer from the function to call when it fires (with the
 #: deadline it was armed for) and a name for its thread.
 TimerFactory = Callable[[Callable[[int], None], str], Timer]
+
+
+#: Seconds the timer waits before reading a clock that raised again.
+CLOCK_RETRY_S = 0.01
 
 
 class ThreadTimer:
@@ -89,7 +106,13 @@ class ThreadTimer:
                 if deadline is None:
                     self._cond.wait()
                     continue
-                remaining = deadline - self._clock()
+                try:
+                    remaining = deadline - self._clock()
+                except Exception:
+                    # A user clock is a user callback: ask it again shortly.
+                    logger.exception("%s: the clock raised", self._thread.name)
+                    self._cond.wait(CLOCK_RETRY_S)
+                    continue
                 if remaining > 0:
                     self._cond.wait(remaining / 1000)
                     continue

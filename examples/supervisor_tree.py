@@ -68,6 +68,7 @@ class Report:
     kind: str  #: acquired, waiting, crashed, restarted, or one of :data:`FINAL`.
     token: str = ""
     detail: str = ""
+    done_ms: int = 0  #: Work the actor had done when it reported, in milliseconds.
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,11 +79,16 @@ class Child:
     generation: int = 0
     state: str = "starting"
     token: str = ""
+    done_ms: int = 0  #: Work done by the time of the last report, in milliseconds.
 
 
 @dataclass(frozen=True, slots=True)
 class Crash:
     """Raise in the job actor, as a bug in the job would (fault injection)."""
+
+
+class ProvokedCrash(RuntimeError):
+    """The fault :class:`Crash` injects: pykka logs it with its traceback, as any crash."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +120,7 @@ class JobActor(pykka.ThreadingActor):
             if message.token == self._token:
                 self._lost = message
         elif isinstance(message, Crash):
-            raise RuntimeError(f"fault injected into {self._job_id}")
+            raise ProvokedCrash(f"provoked on purpose: {self._job_id}'s actor crashes")
         elif isinstance(message, _Next):
             self._next()
 
@@ -166,7 +172,9 @@ class JobActor(pykka.ThreadingActor):
         self._report("crashed", repr(exc))
 
     def _report(self, kind: str, detail: str = "") -> None:
-        report = Report(time.monotonic(), self._job_id, self._gen, kind, self._token, detail)
+        report = Report(
+            time.monotonic(), self._job_id, self._gen, kind, self._token, detail, self._done_ms
+        )
         # A stopped supervisor is shutting the tree down: nobody is left to tell.
         with contextlib.suppress(pykka.ActorDeadError):
             self._boss.tell(report)
@@ -212,7 +220,7 @@ class Supervisor(pykka.ThreadingActor):
         if message.kind != "crashed":
             ref = None if message.kind in FINAL else child.ref
             self.children[message.job_id] = Child(
-                ref, child.generation, message.kind, message.token
+                ref, child.generation, message.kind, message.token, message.done_ms
             )
             return
         # The crashed actor cannot clean up: stop renewing its lock, which then runs out.

@@ -8,8 +8,8 @@ remaining TTL stays in the shaded band. The faint vertical lines are the
 manager's timer ticks, ``lock_renew_time / 2`` apart. The top strip shows the
 three windows side by side.
 
-Needs matplotlib (``pip install 'echomq-actors[demo]'``); it draws with the
-Agg backend, so no display is needed.
+Needs matplotlib (``pip install '.[demo]'`` from the repository's root); it
+draws with the Agg backend, so no display is needed.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["INSTALL_HINT", "JobTrace", "LockSpan", "draw_timeline", "job_trace"]
 
 #: How to get matplotlib when it is missing.
-INSTALL_HINT = "pip install 'echomq-actors[demo]'"
+INSTALL_HINT = "pip install '.[demo]'"
 
 #: Default lock duration the second time axis is scaled to, in milliseconds.
 _DEFAULT_LOCK_DURATION = 30000

@@ -13,6 +13,7 @@ from rich.text import Text
 
 import actors
 from examples.demo.run import KEYS
+from examples.supervisor_tree import ProvokedCrash
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -44,9 +45,12 @@ class LogLines(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         """Keep the record's first line, and its exception's."""
         text = record.getMessage().splitlines()[0]
-        if record.exc_info and record.exc_info[1] is not None:
-            text += f" {record.exc_info[1]!r}"
-        self.lines.append(f"{record.levelname} {record.name}: {text}")
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None:
+            text += f" {error!r}"
+        # The demo crashes one actor on purpose: its traceback is no bug.
+        provoked = " (provoked on purpose)" if isinstance(error, ProvokedCrash) else ""
+        self.lines.append(f"{record.levelname} {record.name}{provoked}: {text}")
 
 
 class View:
@@ -136,12 +140,10 @@ class View:
 
     def _progress(self, job_id: str, child: Child, frame: Frame) -> str:
         work = self._config.work
-        taken = [e.at for e in frame.events if e.job_id == job_id and e.kind == "acquired"]
-        done = 0.0
-        if child.state == "finished":
-            done = work / 1000
-        elif child.state == "acquired" and taken:
-            done = min(frame.at - taken[-1], work / 1000)
+        done = child.done_ms / 1000  # what the actor reported at its last change of state
+        if child.state == "acquired":
+            taken = [e.at for e in frame.events if e.job_id == job_id and e.kind == "acquired"]
+            done = min(frame.at - taken[-1], work / 1000) if taken else 0.0
         return f"{done:4.1f}/{work / 1000:.1f} s"
 
 

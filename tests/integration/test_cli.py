@@ -25,7 +25,7 @@ import pytest
 import redis
 
 from actors import QueueKeys, Timing, start_link, stop, track_job
-from actors.cli import LockInfo, Watch, main
+from actors.cli import DEFAULT_URL, LockInfo, Watch, build_parser, main
 from actors.connection import command_timeout
 from actors.embedded import EmbeddedServer, free_port
 from tests.support import take_locks
@@ -195,6 +195,83 @@ def test_an_empty_queue_says_so(server: Server, redis_client: redis.Redis) -> No
     )
 
 
+def test_a_prefix_written_into_the_queue_name_is_a_usage_error_without_traceback() -> None:
+    # Given BullMQ's key layout typed as the queue name
+    # When its locks are listed
+    result = run("locks", "--url", "redis://127.0.0.1:1/0", "--queue", "bull:reports")
+
+    # Then it is a usage error (status 2, as the help says) that gives the options to use
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1].endswith("use --prefix bull --queue reports")
+
+
+def test_an_empty_queue_with_locks_under_another_prefix_gets_a_hint(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    # Given a BullMQ queue's locks, listed without --prefix bull
+    bullmq = QueueKeys("reports", prefix="bull")
+    hold(redis_client, bullmq, "1")
+    hold(redis_client, bullmq, "2")
+
+    result = run("locks", "--url", server.url, "--queue", "reports")
+
+    # Then the empty listing says where the locks are, in one line
+    assert result.returncode == 0, result.stderr
+    header, hint = result.stdout.splitlines()
+    assert header.startswith("emq:reports: 0 lock(s)")
+    assert hint == (
+        "hint: 2 lock(s) of queue 'reports' under prefix 'bull' "
+        "(bull:reports:<job id>:lock): add --prefix bull"
+    )
+
+
+@pytest.mark.both_engines
+def test_a_lock_key_of_another_type_is_listed_as_such_beside_the_others(
+    engine_client: redis.Redis, engine_server: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a queue with one real lock and one lock key that holds a hash
+    token = hold(engine_client, KEYS, "good")
+    engine_client.hset(KEYS.lock("odd"), "field", "value")
+
+    status = main(["locks", "--url", engine_server.url, "--queue", KEYS.name])
+
+    # Then both are listed: the odd one as a key of its type, the other as usual
+    rows = table(capsys.readouterr().out)
+    assert status == 0
+    assert rows["odd"][:2] == ["(hash key)", "no TTL"]
+    assert rows["good"][0] == f"{token[:8]}...{token[-8:]}"
+
+
+def test_url_defaults_to_redis_url_then_localhost(
+    server: Server, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hold(redis_client, KEYS, "job-1")
+    # Given REDIS_URL, the command reads that server without --url
+    monkeypatch.setenv("REDIS_URL", server.url)
+    result = run("locks", "--queue", KEYS.name)
+    assert result.returncode == 0, result.stderr
+    assert list(table(result.stdout)) == ["job-1"]
+    # and without it, the local default server
+    monkeypatch.delenv("REDIS_URL")
+    assert (
+        build_parser().parse_args(["locks", "--queue", "q"]).url
+        == DEFAULT_URL
+        == ("redis://localhost:6379/0")
+    )
+
+
+def test_explain_warns_that_a_short_lock_duration_is_in_milliseconds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status = main(["explain", "--lock-duration", "30"])
+
+    (warning,) = capsys.readouterr().err.splitlines()
+    assert status == 0
+    assert warning.startswith("warning: lock_duration is in milliseconds")
+    assert "pass 30000" in warning
+
+
 def test_an_unreachable_server_is_one_line_and_exit_status_1() -> None:
     # Given a URL with a password, of a port nobody listens on
     url = f"redis://:secret@127.0.0.1:{free_port()}/0"
@@ -224,6 +301,8 @@ def test_an_unreachable_server_is_one_line_and_exit_status_1() -> None:
         (["explain", "--lock-duration", "30000", "--lock-renew-time", "30000"], "lock_renew_time"),
         (["explain", "--lock-duration", "ten"], "argument --lock-duration"),
         (["explain", "--lock-duration", "-5"], "lock_duration must be positive"),
+        (["locks", "--queue", "bull:reports"], "use --prefix bull --queue reports"),
+        (["locks", "--queue", "reports", "--prefix", "bull:"], "use --prefix bull"),
         ([], "required: COMMAND"),
         (["status"], "invalid choice"),
     ],

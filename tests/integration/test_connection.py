@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,16 @@ import redis.asyncio
 import redis.asyncio.sentinel
 import redis.sentinel
 
-from actors.connection import client_like, command_timeout, socket_timeout
+from actors import QueueKeys, start_link, stop, track_job
+from actors.connection import client_like, command_timeout, describe_connection, socket_timeout
 from actors.embedded import EmbeddedServer
+from tests.support.polling import wait_for
+from tests.support.recorder import Recorder
 from tests.support.server import Server
 
 INTERVAL_MS = 400
+#: The lock TTL of the managers started here, in milliseconds (a tick every 100 ms).
+LOCK_MS = 400
 
 
 def _host_port(server: Server) -> tuple[str, int]:
@@ -167,3 +173,60 @@ def test_a_client_that_does_not_name_its_server_is_refused_asking_for_the_client
     # A copy of its settings would reach localhost:6379, not its server.
     with pytest.raises(TypeError, match=r"use_actor_lock_manager\(worker, connection=\.\.\.\)"):
         client_like(given, interval_ms=INTERVAL_MS)
+
+
+def test_an_asyncio_client_is_refused_naming_its_module_and_the_url_to_pass(
+    server: Server,
+) -> None:
+    # Given the asyncio client an async program already has
+    given = redis.asyncio.Redis.from_url(server.url)
+    url = describe_connection(given)
+
+    # when it is passed to a manager, the error names the asyncio module and
+    # gives the URL to pass instead
+    with pytest.raises(TypeError, match=r"redis\.asyncio\.Redis") as refused:
+        start_link(connection=given, keys=QueueKeys("q"))  # type: ignore[arg-type]
+    assert f"connection={url!r}" in str(refused.value)
+    # and that URL starts a manager on the same server
+    stop(start_link(connection=url, keys=QueueKeys("q")))
+
+
+@pytest.mark.parametrize(
+    ("given", "described"),
+    [
+        ("redis://:s3cret@db.example:6380/2", "redis://:***@db.example:6380/2"),
+        (redis.Redis.from_url("rediss://app:s3cret@db.example:6380/2"), "rediss://app:***@"),
+        (redis.Redis(unix_socket_path="/run/r.sock", password="s3cret"), "unix:///run/r.sock"),
+        (redis.Redis(host="h", port=7000, db=1), "redis://h:7000/1"),
+    ],
+)
+def test_a_connection_is_described_with_its_password_masked(given: object, described: str) -> None:
+    text = describe_connection(given)
+
+    assert described in text
+    assert "s3cret" not in text
+
+
+def test_an_unreachable_server_is_named_once_with_what_to_check(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a manager whose server does not answer (nothing listens on port 1),
+    # with a password in its URL
+    recorder = Recorder()
+    url = "redis://:s3cret@127.0.0.1:1/0"
+    manager = recorder.start(url, QueueKeys("q"), lock_duration=LOCK_MS)
+    try:
+        # when a tracked job's renewal fails tick after tick
+        with caplog.at_level(logging.ERROR, logger="actors"):
+            track_job(manager, "j", "t")
+            wait_for(lambda: len(recorder.errors()) >= 3, 10 * LOCK_MS / 1000, "three failed ticks")
+    finally:
+        stop(manager)
+
+    # then one line, at the first failure, says where it looked and what to check
+    said = [r.getMessage() for r in caplog.records if "cannot reach" in r.getMessage()]
+    assert len(said) == 1
+    assert "redis://:***@127.0.0.1:1/0" in said[0]
+    assert "check that the server runs" in said[0]
+    # and the password is nowhere in the log
+    assert "s3cret" not in caplog.text

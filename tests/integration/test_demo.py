@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 #: How to get the picture, as the demo says when matplotlib is missing.
-INSTALL_HINT = "pip install 'echomq-actors[demo]'"
+INSTALL_HINT = "pip install '.[demo]'"
 #: Three jobs of two TTLs each: job-2's lock is stolen, job-3's actor crashes.
 SHORT = ["--jobs", "3", "--lock-duration", "1500", "--work-ms", "3000", "--step-ms", "100"]
 #: The slowest path (provoked at 1.25 TTLs, a TTL to run out, the work again), tripled.
@@ -144,3 +145,12 @@ def test_demo_live_view_runs_without_matplotlib_and_says_how_to_get_the_picture(
     assert "lock TTL (PTTL)" in stdout
     assert "job-3#1" in stdout
     assert "this worker" in stdout
+    # and the abandoned job's row shows the work it had done, not none
+    plain = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", stdout)
+    abandoned = re.findall(r"│ job-2 .*│ abandoned .*│\s+(\d+\.\d)/3\.0 s │", plain)
+    assert abandoned, plain
+    assert float(abandoned[-1]) > 0
+    # and the crash it provoked says so, where pykka logs it
+    crash = [line for line in plain.splitlines() if "Unhandled exception in JobActor" in line]
+    assert crash, plain
+    assert all("ERROR pykka (provoked on purpose):" in line for line in crash)

@@ -16,6 +16,8 @@ texts = st.text(st.characters(blacklist_categories=["Cs"]), min_size=1, max_size
 names = st.text(
     st.characters(blacklist_categories=["Cs"], blacklist_characters=":"), min_size=1, max_size=30
 )
+#: Prefixes: any text that does not end with ':' (the separating colon is added).
+prefixes = texts.filter(lambda text: not text.endswith(":"))
 
 
 def test_layout_matches_the_shared_contract() -> None:
@@ -34,7 +36,7 @@ def test_bullmq_prefix() -> None:
     assert keys.stalled == "bull:mail:stalled"
 
 
-@given(name=names, prefix=texts, job_id=texts)
+@given(name=names, prefix=prefixes, job_id=texts)
 def test_every_lock_key_is_key_prefix_id_lock_and_reads_back(
     name: str, prefix: str, job_id: str
 ) -> None:
@@ -73,6 +75,22 @@ def test_invalid_names_are_refused(name: object, prefix: object, error: type[Exc
 def test_a_name_with_a_colon_is_refused_with_the_split_that_was_meant() -> None:
     with pytest.raises(ValueError, match=r"QueueKeys\('emails', prefix='bull'\)"):
         QueueKeys("bull:emails")
+
+
+@pytest.mark.parametrize(
+    ("prefix", "fix"),
+    [("bull:", "QueueKeys('emails', prefix='bull')"), ("{app}:bull::", "prefix='{app}:bull'")],
+)
+def test_a_prefix_ending_with_a_colon_is_refused_with_the_fix(prefix: str, fix: str) -> None:
+    # Given a prefix written with the colon that separates it from the name,
+    # the keys would read 'bull::emails:<id>:lock', which no worker writes.
+    with pytest.raises(ValueError, match="prefix must not end with ':'") as refused:
+        QueueKeys("emails", prefix=prefix)
+    assert fix in str(refused.value)
+
+
+def test_a_colon_inside_a_prefix_is_kept() -> None:
+    assert QueueKeys("emails", prefix="app:bull").lock("1") == "app:bull:emails:1:lock"
 
 
 @pytest.mark.parametrize("job_id", ["", None, 42, "j\udc80"])

@@ -128,6 +128,22 @@ def test_start_link_refuses_bad_options(
     assert pykka.ActorRegistry.get_all() == []
 
 
+@pytest.mark.parametrize("seconds", [5, 30, 60, 99])
+def test_a_lock_duration_in_seconds_is_refused_saying_milliseconds(seconds: int) -> None:
+    # Given seconds typed where milliseconds are meant, a manager on Redis
+    # would cut every lock to that many milliseconds and tick hundreds of
+    # times a second.
+    with pytest.raises(ValueError, match="lock_duration is in milliseconds") as refused:
+        start_link(connection=UNUSED_URL, keys=QueueKeys("q"), lock_duration=seconds)
+
+    assert f"lock_duration={seconds * 1000}" in str(refused.value)
+    assert pykka.ActorRegistry.get_all() == []
+
+
+def test_the_shortest_redis_lock_is_accepted() -> None:
+    stop(start_link(connection=UNUSED_URL, keys=QueueKeys("q"), lock_duration=100))
+
+
 def test_a_bad_url_is_refused_at_start() -> None:
     with pytest.raises(ValueError, match="redis://"):
         start_link(connection="http://example", keys=QueueKeys("q"))
