@@ -3,9 +3,10 @@
 A pykka future can be awaited, but its ``__await__`` calls the blocking
 ``get()``: the whole event loop then stands still until the manager answers,
 which during a tick of 100,000 jobs can be a long time. The coroutines here
-ask the manager with ``block=False`` and wait for the answer on a thread of
-their own (one per manager, see :func:`answer`), so other tasks keep running
-meanwhile.
+ask the manager with ``block=False``; its answer calls back into the loop
+(see :func:`answer`), so other tasks keep running meanwhile, no thread waits
+on any answer, and an answer that never comes holds up nothing but the task
+that awaits it.
 
 Example:
     >>> from actors import aio
@@ -22,9 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import queue
-import threading
-import weakref
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pykka
@@ -37,11 +35,10 @@ from actors.messages import (
     IsTracked,
     UntrackJob,
 )
-from actors.ref import ManagerRef, ManagerStopped, require_manager
+from actors.ref import Answer, ManagerRef, ManagerStopped, on_a_manager_thread, require_manager
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
+    from actors.messages import Notify
     from actors.stats import Stats
 
 __all__ = [
@@ -58,93 +55,8 @@ __all__ = [
 T = TypeVar("T")
 
 
-#: Seconds a manager's answer thread waits for more work before it ends.
-IDLE_S = 1.0
-
-
-class _Answers:
-    """One thread that reads one manager's answers in the order they were asked.
-
-    A manager answers its mailbox in order, so one thread waiting on each
-    answer in turn never waits on one while a later one is ready (answers
-    asked from several threads at once can come a little out of order; then
-    one waits for its neighbour). One thread per manager, rather than one
-    per question: a thousand jobs leaving their leases at once would
-    otherwise wake a thousand threads, and the manager's own thread would
-    wait its turn for the GIL behind them.
-    """
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-
-    def submit(self, pending: _Pending) -> None:
-        with self._lock:
-            self._queue.put(pending)
-            if self._thread is None:
-                thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                thread.start()
-                self._thread = thread
-
-    def _run(self) -> None:
-        while True:
-            try:
-                pending = self._queue.get(timeout=IDLE_S)
-            except queue.Empty:
-                with self._lock:
-                    if self._queue.empty():
-                        self._thread = None
-                        return
-                continue
-            pending.deliver()
-
-
-class _Pending:
-    """A pykka future, and the asyncio future of the loop that awaits it."""
-
-    __slots__ = ("future", "loop", "waiter")
-
-    def __init__(
-        self,
-        future: pykka.Future[Any],
-        loop: asyncio.AbstractEventLoop,
-        waiter: asyncio.Future[Any],
-    ) -> None:
-        self.future = future
-        self.loop = loop
-        self.waiter = waiter
-
-    def deliver(self) -> None:
-        """Wait for the answer (on the answer thread), then hand it to the loop."""
-        try:
-            value = self.future.get()
-        except BaseException as exc:
-            # Whatever it is, it belongs to the awaiting task; this thread
-            # must live on to serve the answers queued behind it.
-            self._hand(_fail, exc)
-        else:
-            self._hand(_succeed, value)
-
-    def _hand(self, call: Callable[[asyncio.Future[Any], Any], None], arg: Any) -> None:
-        # The loop may have closed since: nobody is left to tell.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(call, self.waiter, arg)
-
-
-def _succeed(waiter: asyncio.Future[Any], value: Any) -> None:
-    if not waiter.done():
-        waiter.set_result(value)
-
-
-def _fail(waiter: asyncio.Future[Any], error: BaseException) -> None:
-    if not waiter.done():
-        waiter.set_exception(error)
-
-
-_answers: weakref.WeakValueDictionary[str, _Answers] = weakref.WeakValueDictionary()
-_answers_lock = threading.Lock()
+#: Longest pause, in seconds, between two looks at a future that cannot call back.
+POLL_S = 0.05
 
 
 async def answer(
@@ -152,13 +64,15 @@ async def answer(
 ) -> T:
     """Await the answer to something asked of ``manager`` with ``block=False``.
 
-    A future already answered is read at once; otherwise the manager's answer
-    thread waits for it, and the loop goes on meanwhile.
+    A future already answered is read at once. The manager's own futures
+    (:class:`~actors.ref.Answer`) call back into the loop when answered; any
+    other pykka future is looked at again and again, at most
+    :data:`POLL_S` apart. Either way nothing blocks: an answer that never
+    comes holds up only the task awaiting it, never the other questions.
 
     Args:
         manager: The manager the question was asked of.
-        future: What ``manager.ask(message, block=False)`` returned (a future
-            of that manager's: its answers are read in the order asked).
+        future: What ``manager.ask(message, block=False)`` returned.
         timeout: Most seconds to wait; ``None`` waits as long as it takes.
 
     Returns:
@@ -168,24 +82,56 @@ async def answer(
         pykka.Timeout: No answer within ``timeout`` seconds.
         Exception: Whatever the future holds instead of an answer.
     """
+    require_manager(manager)
     try:
         return future.get(timeout=0)
     except pykka.Timeout:
         pass
     loop = asyncio.get_running_loop()
     waiter: asyncio.Future[T] = loop.create_future()
-    urn = manager.actor_urn
-    with _answers_lock:
-        answers = _answers.get(urn)
-        if answers is None:
-            answers = _answers[urn] = _Answers(f"LockManager-answers-{manager.queue_name}")
-        answers.submit(_Pending(future, loop, waiter))
+    if isinstance(future, Answer):
+        future.add_done_callback(functools.partial(_wake, loop, waiter))
+    else:
+        _look(loop, waiter, future, 0.001)
     if timeout is None:
         return await waiter
     try:
         return await asyncio.wait_for(waiter, timeout)
     except asyncio.TimeoutError:
         raise pykka.Timeout(f"{timeout} seconds") from None
+
+
+def _wake(loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[T], done: Answer[T]) -> None:
+    # On the thread that answered (the manager's): hand the answer to the loop.
+    # The loop may have closed since: nobody is left to tell.
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(_settle, waiter, done)
+
+
+def _settle(waiter: asyncio.Future[T], future: pykka.Future[T]) -> bool:
+    """Pass the answer of ``future`` on to ``waiter``; whether there was one yet."""
+    if waiter.done():  # the task gave up (a timeout, a cancel)
+        return True
+    try:
+        value = future.get(timeout=0)
+    except pykka.Timeout:
+        return False
+    except BaseException as exc:
+        # Whatever it is, it belongs to the awaiting task.
+        waiter.set_exception(exc)
+    else:
+        waiter.set_result(value)
+    return True
+
+
+def _look(
+    loop: asyncio.AbstractEventLoop,
+    waiter: asyncio.Future[T],
+    future: pykka.Future[T],
+    pause: float,
+) -> None:
+    if not _settle(waiter, future):
+        loop.call_later(pause, _look, loop, waiter, future, min(2 * pause, POLL_S))
 
 
 async def ask(manager: ManagerRef, message: Any, *, timeout: float | None = None) -> Any:
@@ -217,7 +163,12 @@ async def ask(manager: ManagerRef, message: Any, *, timeout: float | None = None
 
 
 async def untrack_job(
-    manager: ManagerRef, job_id: str, *, token: str | None = None, timeout: float | None = None
+    manager: ManagerRef,
+    job_id: str,
+    *,
+    token: str | None = None,
+    notify: Notify | None = None,
+    timeout: float | None = None,
 ) -> None:
     """Stop renewing ``job_id``'s lock; return once the manager has untracked it.
 
@@ -229,15 +180,17 @@ async def untrack_job(
         manager: The manager.
         job_id: The job's id.
         token: Untrack only the lock holding this token.
+        notify: End only the claim this target made (see
+            :func:`actors.untrack_job`).
         timeout: Most seconds to wait.
 
     Raises:
-        TypeError: ``job_id`` is not a ``str``.
+        TypeError: ``job_id`` is not a ``str``, or ``notify`` has no ``tell``.
         ValueError: ``job_id`` is empty, too long or not UTF-8.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
     ref = require_manager(manager)
-    message = UntrackJob(job_id, token)
+    message = UntrackJob(job_id, token, notify)
     try:
         await ask(ref, message, timeout=timeout)
     except ManagerStopped:
@@ -290,17 +243,20 @@ async def get_stats(manager: ManagerRef, *, timeout: float | None = None) -> Sta
     return stats
 
 
-async def stop(manager: ManagerRef, *, timeout: float | None = None) -> None:
+async def stop(manager: ManagerRef, *, timeout: float | None = None) -> bool:
     """Stop ``manager`` and return once it is fully stopped (see :func:`actors.stop`).
+
+    Returns:
+        ``True`` for the one call that stopped the manager, ``False`` for any other.
 
     Raises:
         pykka.Timeout: Not stopped within ``timeout`` seconds.
     """
     ref = require_manager(manager)
-    if ref.on_own_thread():
-        # From a callback: the manager stops after the current message, and
-        # no other thread may wait for it to finish the message it is in.
-        api.stop(ref)
-        return
+    if on_a_manager_thread():
+        # From a callback (of this manager or another): the stop is sent and
+        # not waited for, as by actors.stop, since no other thread may wait
+        # for a manager that may itself be waiting for this one.
+        return api.stop(ref)
     loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, functools.partial(api.stop, ref, timeout=timeout))
+    return await loop.run_in_executor(None, functools.partial(api.stop, ref, timeout=timeout))

@@ -110,9 +110,12 @@ def track_job(
 ) -> None:
     """Tell ``manager`` to renew ``job_id``'s lock, held with ``token``.
 
-    Returns at once. Tracking a tracked job again with the same token changes
-    nothing but adding its ``notify``; with a new token it is a fresh lock. A
-    stopped manager ignores it (with a warning, once).
+    Returns at once. Each call adds a claim on the lock, named by its
+    ``notify`` target (none: the plain claim), with its own ``max_hold``; the
+    same claim again changes nothing. With a new token it is a fresh lock. A
+    lock lost recently is not tracked again with the same token (a new
+    ``notify`` target is told of the loss at once). A stopped manager ignores
+    it (with a warning, once).
 
     Args:
         manager: The manager.
@@ -143,6 +146,7 @@ def untrack_job(
     job_id: str,
     *,
     token: str | None = None,
+    notify: Notify | None = None,
     wait: bool = False,
     timeout: float | None = None,
 ) -> None:
@@ -153,21 +157,36 @@ def untrack_job(
     untracked the job, so no tick already queued can find the lock gone and
     report it lost. A stopped manager tracks nothing: it returns at once.
 
+    A lock may have several claims (the worker's plain track, each
+    ``notify`` target's, each lease's): this untrack ends the plain claim and
+    every ``notify`` target's claim on the lock (on ``token``, or on whatever
+    token the job holds now when ``None``), and leaves the leases' claims,
+    which end only with their lease; the lock is renewed while a claim
+    remains. With ``notify``, it ends that target's claim alone.
+
+    With ``wait``, the caller waits for the manager's thread: an actor that
+    untracks so in its ``on_stop`` must not be stopped with a blocking stop
+    by that manager's callback (``pykka.ActorRegistry.stop_all()`` from a
+    callback, say), which would wait for the actor while the actor waits for
+    the manager; such a callback stops actors with ``block=False``.
+
     Args:
         manager: The manager.
         job_id: The job's id.
         token: Untrack only the lock holding this token: a newer lock of the
             same job (tracked since with another token) stays tracked.
+        notify: End only the claim this target made with ``track_job``
+            (compared by identity).
         wait: Wait until the manager has untracked the job.
         timeout: With ``wait``, the most seconds to wait.
 
     Raises:
-        TypeError: ``job_id`` is not a ``str``.
+        TypeError: ``job_id`` is not a ``str``, or ``notify`` has no ``tell``.
         ValueError: ``job_id`` is empty, too long or not UTF-8.
         pykka.Timeout: With ``wait``, no answer within ``timeout`` seconds.
     """
     manager = require_manager(manager)
-    message = UntrackJob(job_id, token)
+    message = UntrackJob(job_id, token, notify)
     if not wait:
         _send(manager, message, "untrack_job")
         return
@@ -223,15 +242,22 @@ def get_stats(manager: ManagerRef, *, timeout: float | None = None) -> Stats:
     return stats
 
 
-def stop(manager: ManagerRef, *, timeout: float | None = None) -> None:
+def stop(manager: ManagerRef, *, timeout: float | None = None) -> bool:
     """Stop ``manager``: no tick, no Redis command and no thread is left after.
 
     Idempotent and safe from several threads at once: a stopped or dead
-    manager is fine. Called from the manager's own thread (from a callback),
-    it stops the manager after the current message instead of waiting for
-    itself.
+    manager is fine. Called from any manager's own thread (a callback of this
+    manager or of another), it sends the stop and returns at once: the
+    manager stops after its current message, and two managers whose
+    callbacks stop each other (``pykka.ActorRegistry.stop_all()``, say)
+    never wait for one another.
+
+    Returns:
+        ``True`` for exactly one call, the one that stopped the manager;
+        ``False`` for every other, however the calls race.
 
     Raises:
         pykka.Timeout: Not stopped within ``timeout`` seconds.
     """
-    require_manager(manager).stop(block=True, timeout=timeout)
+    stopped: bool = require_manager(manager).stop(block=True, timeout=timeout)
+    return stopped

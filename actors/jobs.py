@@ -2,38 +2,71 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from itertools import compress
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from actors.schedule import due_mask
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from actors.lost import Reason
     from actors.messages import Notify
 
-__all__ = ["JobTable", "Watch"]
+__all__ = ["RECENTLY_LOST", "Claim", "Ended", "Gone", "JobTable", "LostLocks", "Watch"]
+
+#: How many lost ``(job, token)`` pairs a manager remembers, the oldest
+#: forgotten first: a lock tracked again within that many losses of its own
+#: is neither renewed nor reported again.
+RECENTLY_LOST: Final = 10_000
+
+
+class Claim(NamedTuple):
+    """One holder's claim on a lock: who it is, and until when it wants the lock renewed."""
+
+    #: Told :class:`~actors.LockLost` if the lock is lost while the claim
+    #: holds; ``None`` for the plain claim of a worker that tracks without one.
+    target: Notify | None
+    #: Monotonic ms after which this claim ends (its ``max_hold``), or ``None``.
+    deadline: int | None
+    #: Ended only by an untrack that names :attr:`target` (a lease's claim).
+    keep: bool = False
 
 
 class Watch(NamedTuple):
-    """What a few jobs carry beyond their token: who to tell, and until when."""
+    """The claims of a lock that is more than one plain claim without a deadline."""
 
-    #: Each told :class:`~actors.LockLost` once when the lock is lost, in the
-    #: order they asked; empty for nobody.
+    #: Every claim on the lock's current token, in the order they were made.
+    claims: tuple[Claim, ...]
+    #: The claims' targets, in the same order: a lock with any is checked at every tick.
     targets: tuple[Notify, ...]
-    #: Monotonic ms after which the manager stops renewing, or ``None``.
+    #: The earliest of the claims' deadlines, or ``None``.
     deadline: int | None
 
 
+#: What an untrack, a loss or a deadline took from one lock: its token, the
+#: claims that ended (in the order they were made), and whether none is left
+#: (the job is no longer tracked). A plain tuple: an untrack by the hundred
+#: thousand builds one each.
+Ended = tuple[str, tuple[Claim, ...], bool]
+
+#: The claim of a job tracked plainly, without a deadline: the only one most
+#: jobs have, stored as no :class:`Watch` at all.
+_PLAIN: Final = Claim(None, None)
+_PLAIN_ONLY: Final = (_PLAIN,)
+
+
 class JobTable:
-    """Each tracked job's token and when its lock was last known fresh.
+    """Each tracked job's token, when its lock was last known fresh, and who claims it.
 
     Two flat dicts (id to token, id to monotonic ms) rather than a record per
     job: CPython's garbage collector does not track dicts that hold only
     strings and ints, so 100,000 tracked jobs add nothing to each collection,
     and stamping a tick's renewals stores one shared int, allocating nothing
-    per job. The few jobs with a ``notify`` or a hold deadline keep a
-    :class:`Watch` in a third dict.
+    per job. A job tracked once, plainly and without a deadline, has one
+    implicit claim; the few with more (a ``notify`` target, a lease, a hold
+    deadline) keep a :class:`Watch` of their claims in a third dict.
 
     A lock not yet renewed goes first in its tick's batch. A batch of every
     job takes a while (about a second for 100,000), and a job tracked during
@@ -59,6 +92,13 @@ class JobTable:
     def __contains__(self, job_id: object) -> bool:
         return job_id in self.tokens
 
+    def claims(self, job_id: str) -> tuple[Claim, ...]:
+        """Return the claims on ``job_id``'s lock (none if it is not tracked)."""
+        if job_id not in self.tokens:
+            return ()
+        watch = self.watches.get(job_id)
+        return _PLAIN_ONLY if watch is None else watch.claims
+
     def track(
         self,
         job_id: str,
@@ -66,23 +106,26 @@ class JobTable:
         ts: int,
         notify: Notify | None = None,
         max_hold: int | None = None,
+        keep: bool = False,
     ) -> tuple[str, tuple[Notify, ...]] | None:
-        """Track a job.
+        """Add a claim on a job's lock.
 
-        The same token again is the same lock: it keeps its older stamp (a job
-        tracked over and over, by a progress hook, is still renewed on time),
-        its hold deadline (it cannot slide), and everybody who asked to be
-        told of its loss; ``notify`` joins them unless it is one of them
-        already (the same object). A new token is a new lock: all of that
-        starts again.
+        A claim is named by its target (``notify``, compared by identity; the
+        plain claim has none). The same token again is the same lock: it keeps
+        its older stamp (a job tracked over and over, by a progress hook, is
+        still renewed on time), and every other claim; a claim made again is
+        the same claim, whose hold deadline cannot slide. A new token is a
+        new lock: every claim of the old one ends.
 
         Args:
             job_id: The job's id.
             token: The value its lock holds.
             ts: When the lock was taken, in monotonic ms.
-            notify: Who to tell of the lock's loss too, or ``None``.
-            max_hold: Most ms to renew the lock from ``ts``, or ``None`` for no
-                limit; a lock that has a hold deadline keeps it.
+            notify: Who makes the claim and is told of the lock's loss, or
+                ``None`` for the plain claim.
+            max_hold: Most ms to renew the lock for this claim, from ``ts``,
+                or ``None`` for no limit.
+            keep: End the claim only by an untrack that names ``notify``.
 
         Returns:
             When a new token replaces a lock somebody waits on: the old token
@@ -96,7 +139,10 @@ class JobTable:
             self.stamps[job_id] = ts
             self.fresh[job_id] = None
             return None
+        if held == token and notify is None and max_hold is None and job_id not in self.watches:
+            return None  # the one plain claim, made again (a progress hook)
         replaced = None
+        claims: tuple[Claim, ...]
         if held != token:
             self.tokens[job_id] = token
             self.stamps[job_id] = ts
@@ -104,37 +150,104 @@ class JobTable:
             gone = self.watches.pop(job_id, None)
             if held is not None and gone is not None and gone.targets:
                 replaced = (held, gone.targets)
-            old = None
+            claims = ()
         else:
-            old = self.watches.get(job_id)
-        if old is not None:
-            targets = old.targets
-            deadline = old.deadline if old.deadline is not None else _deadline(ts, max_hold)
-        else:
-            targets = ()
-            deadline = _deadline(ts, max_hold)
+            watch = self.watches.get(job_id)
+            claims = _PLAIN_ONLY if watch is None else watch.claims
+        deadline = None if max_hold is None else ts + max_hold
         # By identity: an actor's ``actor_ref`` is one object, and comparing
         # with ``==`` would run a target's own code on the manager's thread.
-        if notify is not None and not any(target is notify for target in targets):
-            targets = (*targets, notify)
-        if targets or deadline is not None:
-            self.watches[job_id] = Watch(targets, deadline)
+        for i, claim in enumerate(claims):
+            if claim.target is notify:
+                if claim.deadline is None and deadline is not None:
+                    claims = (*claims[:i], claim._replace(deadline=deadline), *claims[i + 1 :])
+                break
+        else:
+            claims = (*claims, Claim(notify, deadline, keep))
+        self._keep(job_id, claims)
         return replaced
 
-    def untrack(self, job_id: str, token: str | None = None) -> tuple[str, Watch | None] | None:
-        """Forget a job (only if it holds ``token``, when given).
+    def untrack(
+        self,
+        job_id: str,
+        token: str | None = None,
+        notify: Notify | None = None,
+        *,
+        everyone: bool = False,
+    ) -> Ended | None:
+        """End claims on a job's lock (only if it holds ``token``, when given).
+
+        Args:
+            job_id: The job's id.
+            token: The token the lock must hold, or ``None`` for any.
+            notify: End only the claim this target made. ``None`` ends every
+                claim but those kept for their target (the leases'): the
+                plain claim and every ``notify`` target's.
+            everyone: End every claim (the lock is lost).
 
         Returns:
-            Its token and watch, or ``None`` if it was not tracked (with that token).
+            What ended, or ``None`` if the job was not tracked (with that token).
         """
         held = self.tokens.get(job_id)
         if held is None or (token is not None and token != held):
             return None
+        watch = self.watches.get(job_id)
+        if watch is None:
+            if notify is not None and not everyone:
+                return held, (), False
+            # The one plain claim, as most jobs have: inlined, an untrack is hot.
+            del self.tokens[job_id]
+            del self.stamps[job_id]
+            self.fresh.pop(job_id, None)
+            return held, _PLAIN_ONLY, True
+        ended: tuple[Claim, ...]
+        kept: tuple[Claim, ...]
+        if everyone:
+            ended, kept = watch.claims, ()
+        elif notify is not None:
+            ended = tuple(claim for claim in watch.claims if claim.target is notify)
+            kept = tuple(claim for claim in watch.claims if claim.target is not notify)
+        else:
+            ended = tuple(claim for claim in watch.claims if not claim.keep)
+            kept = tuple(claim for claim in watch.claims if claim.keep)
+        if not kept:
+            self._drop(job_id)
+        elif ended:
+            self._keep(job_id, kept)
+        return held, ended, not kept
+
+    def expire(self, job_id: str, now: int) -> Ended:
+        """End the claims on ``job_id``'s lock whose deadline is at or before ``now``.
+
+        Args:
+            job_id: A job :meth:`overdue` returned.
+            now: The tick's time, in monotonic ms.
+        """
+        token, watch = self.tokens[job_id], self.watches[job_id]
+        ended = tuple(c for c in watch.claims if c.deadline is not None and c.deadline <= now)
+        kept = tuple(c for c in watch.claims if c.deadline is None or c.deadline > now)
+        if kept:
+            self._keep(job_id, kept)
+        else:
+            self._drop(job_id)
+        return token, ended, not kept
+
+    def _keep(self, job_id: str, claims: tuple[Claim, ...]) -> None:
+        if len(claims) == 1 and claims[0].target is None and claims[0].deadline is None:
+            self.watches.pop(job_id, None)
+            return
+        deadlines = [claim.deadline for claim in claims if claim.deadline is not None]
+        self.watches[job_id] = Watch(
+            claims,
+            tuple(claim.target for claim in claims if claim.target is not None),
+            min(deadlines) if deadlines else None,
+        )
+
+    def _drop(self, job_id: str) -> None:
         del self.tokens[job_id]
         del self.stamps[job_id]
         self.fresh.pop(job_id, None)
-        token = held
-        return token, self.watches.pop(job_id, None)
+        self.watches.pop(job_id, None)
 
     def ids(self) -> list[str]:
         """Return the tracked ids, in tracking order."""
@@ -215,7 +328,7 @@ class JobTable:
             stamps[job_id] = ts
 
     def overdue(self, now: int) -> list[str]:
-        """Return the ids held past their deadline."""
+        """Return the ids of the jobs with a claim past its deadline (see :meth:`expire`)."""
         return [
             job_id
             for job_id, watch in self.watches.items()
@@ -223,5 +336,57 @@ class JobTable:
         ]
 
 
-def _deadline(ts: int, max_hold: int | None) -> int | None:
-    return None if max_hold is None else ts + max_hold
+class Gone(NamedTuple):
+    """What a manager remembers of a lost lock, or of a lock some of whose claims ended."""
+
+    #: Why the lock was lost, or ``None`` while it is renewed for other claims.
+    reason: Reason | None
+    #: Who was told (or, for the plain claim, ``None``): each told once.
+    told: tuple[Notify | None, ...]
+
+
+class LostLocks:
+    """The recently lost locks, by ``(job, token)``: at most ``size``, the least recent forgotten.
+
+    A lost lock is never held again with the same token (a new run of the job
+    takes a new one), so the pairs of locks lost long ago are not needed; the
+    recent ones are, for a holder that tracks its lost lock again (a progress
+    hook, a target that tracks in its ``tell``), which must not start the
+    lock's renewal, or its reports, over again.
+
+    Args:
+        size: Most pairs remembered.
+    """
+
+    __slots__ = ("_gone", "size")
+
+    def __init__(self, size: int = RECENTLY_LOST) -> None:
+        self.size = size
+        self._gone: OrderedDict[tuple[str, str], Gone] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._gone)
+
+    def get(self, job_id: str, token: str) -> Gone | None:
+        """Return what is remembered of the lock, and remember it longest now."""
+        key = (job_id, token)
+        gone = self._gone.get(key)
+        if gone is not None:
+            self._gone.move_to_end(key)
+        return gone
+
+    def add(self, job_id: str, token: str, reason: Reason | None, told: Sequence[Claim]) -> None:
+        """Remember that the claims ``told`` of the lock ended (and, with a reason, the lock)."""
+        key = (job_id, token)
+        gone = self._gone.pop(key, None)
+        known = () if gone is None else gone.told
+        added = tuple(claim.target for claim in told if not any(k is claim.target for k in known))
+        if gone is not None and gone.reason is not None:
+            reason = gone.reason
+        self._gone[key] = Gone(reason, known + added)
+        if len(self._gone) > self.size:
+            self._gone.popitem(last=False)
+
+    def told(self, job_id: str, token: str, target: Notify) -> None:
+        """Remember that ``target`` was told of the lock's loss."""
+        self.add(job_id, token, None, (Claim(target, None),))

@@ -25,8 +25,16 @@ same tick. A job held past ``max_hold`` learns it at the first tick after its
 deadline, and a job whose manager stops learns it as the manager stops.
 
 Leaving the block never raises for a lost lock: what to do about it (stop,
-roll back, log) is the job's decision. Leaving untracks only the lease's own
-lock (by its token): a newer lock of the same job stays tracked.
+roll back, log) is the job's decision.
+
+A lease is one claim on its lock among any others (the worker's own track, a
+job actor's ``notify``, another lease): leaving ends the lease's claim alone,
+and the lock is renewed while another claim remains. No other holder's
+untrack ends it (an untrack without a ``notify`` leaves a lease's claim): a
+lease ends only by its exit, the loss of its lock (a new token on it
+included), its ``max_hold`` or the manager's stop, and the manager tells it
+of each but its exit, so :meth:`Lease.wait` and :meth:`Lease.wait_async`
+wake for every one.
 """
 
 from __future__ import annotations
@@ -42,10 +50,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pykka
 
 from actors import aio
-from actors.api import untrack_job
 from actors.lost import MANAGER_STOPPED, LockLost
-from actors.messages import TrackJob
-from actors.ref import ManagerRef, require_manager
+from actors.messages import TrackJob, UntrackJob
+from actors.ref import ManagerRef, ManagerStopped, require_manager
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -61,10 +68,6 @@ _L = TypeVar("_L", bound="Lease")
 # A lease's life: built, entered (the manager renews its lock), left.
 _NEW, _HELD, _CLOSED = "new", "held", "closed"
 
-# The locks held by a lease now, by manager, job and token: one lease per lock.
-_HELD_KEYS: set[tuple[str, str, str]] = set()
-_HELD_LOCK = threading.Lock()
-
 
 class Lease:
     """One job's hold on its lock, for a ``with`` or ``async with`` block.
@@ -78,9 +81,10 @@ class Lease:
         manager: The manager, as :func:`actors.start_link` returned it.
         job_id: The job's id.
         token: The value the job's lock holds for this worker.
-        max_hold: Most milliseconds the manager keeps renewing this lock
-            (the manager's own ``max_hold`` when ``None``); past it the lease
-            is lost with the reason ``"max_hold"``.
+        max_hold: Most milliseconds the manager keeps renewing this lock for
+            the lease (the manager's own ``max_hold`` when ``None``); past it
+            the lease is lost with the reason ``"max_hold"``. Another holder's
+            claim on the same lock keeps its own terms.
         ts: When the lock was taken, in the manager's monotonic milliseconds;
             when the lease is entered if ``None``.
 
@@ -102,7 +106,7 @@ class Lease:
     ) -> None:
         require_manager(manager)
         # The message checks every argument, here in the caller's thread.
-        self._message = TrackJob(job_id, token, ts, self, max_hold)
+        self._message = TrackJob(job_id, token, ts, self, max_hold, keep=True)
         self._manager = manager
         self._lock = threading.Lock()
         self._state = _NEW
@@ -252,8 +256,9 @@ class Lease:
             return  # never entered, or left already: nothing of this lease is tracked
         try:
             if self._current() is None:
-                # Waits for the manager: no tick runs on this lock after it returns.
-                untrack_job(self._manager, self.job_id, token=self.token, wait=True)
+                # Waits for the manager: no tick runs on this lock for the lease after it returns.
+                with contextlib.suppress(ManagerStopped):
+                    self._manager.ask(self._untrack())
             self._settle(None)
         finally:
             self._close()
@@ -272,28 +277,33 @@ class Lease:
             return  # never entered, or left already: nothing of this lease is tracked
         try:
             if self._current() is None:
-                await aio.untrack_job(self._manager, self.job_id, token=self.token)
+                with contextlib.suppress(ManagerStopped):
+                    await aio.ask(self._manager, self._untrack())
             await self._settle_async()
         finally:
             self._close()
 
+    def _untrack(self) -> UntrackJob:
+        # Names the lease: its claim alone ends, whoever else holds the lock.
+        return UntrackJob(self.job_id, self.token, self)
+
     def _enter(self) -> None:
-        key = (self._manager.actor_urn, self.job_id, self.token)
-        with self._lock, _HELD_LOCK:
+        with self._lock:
             if self._state is not _NEW:
                 raise RuntimeError(f"the lease of job {self.job_id!r} was already entered")
-            if key in _HELD_KEYS:
-                # Leaving a lease untracks the lock (by its token): a second
-                # lease on the same lock would end the first one's renewal.
-                raise RuntimeError(
-                    f"the lock of job {self.job_id!r} with this token is leased already; "
-                    "share that lease instead"
-                )
-            _HELD_KEYS.add(key)
             self._state = _HELD
-        # Asked rather than told: the answer says whether the manager took
-        # the job, or stopped before it could (then it tells nobody).
-        self._tracked = self._manager.ask(self._message, block=False)
+        try:
+            # Asked rather than told: the answer says whether the manager took
+            # the claim, or stopped before it could.
+            self._tracked = self._manager.ask(self._message, block=False)
+        except BaseException:
+            # Nothing of the lease may outlive a failed entry: the claim, if
+            # the message got in, ends; the lease can be entered again.
+            with contextlib.suppress(Exception):
+                self._manager.tell(self._untrack())
+            with self._lock:
+                self._state = _NEW
+            raise
 
     def _require_entered(self) -> None:
         if self._state is _NEW:
@@ -341,9 +351,7 @@ class Lease:
         self._finish()
 
     def _close(self) -> None:
-        with self._lock, _HELD_LOCK:
-            if self._state is _HELD:
-                _HELD_KEYS.discard((self._manager.actor_urn, self.job_id, self.token))
+        with self._lock:
             self._state = _CLOSED
         self._finish()
 
@@ -384,9 +392,9 @@ def lease(
 ) -> Lease:
     """Hold ``job_id``'s lock for a ``with`` (or ``async with``) block.
 
-    Entering tracks the job with ``manager`` (returning at once); leaving
-    untracks it and waits until the manager has let it go. Inside, the lease
-    says whether the lock was lost and why (see :class:`Lease`).
+    Entering adds the lease's claim on the lock (returning at once); leaving
+    ends that claim alone and waits until the manager has let it go. Inside,
+    the lease says whether the lock was lost and why (see :class:`Lease`).
 
     Example:
         >>> with lease(manager, "42", token) as held:

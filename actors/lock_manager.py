@@ -23,9 +23,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pykka
+from pykka.messages import _ActorStop
 
 from actors import _telemetry
-from actors.jobs import JobTable
+from actors.jobs import Claim, JobTable, LostLocks
 from actors.keys import QueueKeys
 from actors.lost import EXPIRED, MANAGER_STOPPED, MAX_HOLD, STOLEN, LockLost, LostLock, Reason
 from actors.messages import (
@@ -37,7 +38,7 @@ from actors.messages import (
     TrackJob,
     UntrackJob,
 )
-from actors.ref import ManagerRef
+from actors.ref import ManagerRef, ManagerStopped
 from actors.renewer import RedisRenewer
 from actors.report import Reporter
 from actors.schedule import DEFAULT_LOCK_DURATION, Timing, monotonic_ms, next_deadline
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from actors.connection import Client
+    from actors.jobs import Ended, Gone
     from actors.messages import Notify
     from actors.renewer import Renewer
     from actors.stats import Stats
@@ -199,6 +201,9 @@ class LockManager(pykka.ThreadingActor):
         self._make_timer: TimerFactory = timer or self._thread_timer
         self.thread: threading.Thread | None = None
         self._jobs = JobTable()
+        #: The recently lost locks: each holder is told of a loss once, however
+        #: often it tracks the same lock again, and the lock is not renewed again.
+        self._lost = LostLocks()
         #: Who to tell of a lost lock, told once the tick is done.
         self._notes: list[tuple[Notify, LockLost]] = []
         self._timer: Timer | None = None
@@ -239,12 +244,13 @@ class LockManager(pykka.ThreadingActor):
         self._shutdown()
 
     def _shutdown(self) -> None:
-        # From here on every sender is refused: pykka's last pass over the
-        # mailbox, after this, fails whatever was put before.
+        # From here on every sender is refused.
         self._mailbox.close()
         for job_id in list(self._jobs.watches):
-            self._forget(job_id, MANAGER_STOPPED)
+            self._forget(job_id, MANAGER_STOPPED, remember=False)
+        asks = self._refuse_the_rest()
         self._deliver()
+        self._answer_stopped(asks)
         timer, self._timer = self._timer, None
         for what, close in (
             ("timer", getattr(timer, "close", None)),
@@ -262,6 +268,41 @@ class LockManager(pykka.ThreadingActor):
                     what,
                     exc_info=True,
                 )
+
+    def _refuse_the_rest(self) -> list[tuple[Any, pykka.Future[Any]]]:
+        """Take what is left in the mailbox; return the asks among it, to answer as stopped.
+
+        pykka's own last pass would fail each ask with a bare
+        ``ActorDeadError``, and drop a ``TrackJob`` whose target then never
+        hears that nobody renews its lock: each such target is told here.
+        """
+        told = {(id(target), message.job_id) for target, message in self._notes}
+        asks: list[tuple[Any, pykka.Future[Any]]] = []
+        while True:
+            try:
+                envelope = self._mailbox.get_nowait()
+            except queue.Empty:
+                return asks
+            message = envelope.message
+            if type(message) is TrackJob and message.notify is not None:
+                target, job_id, token = message.notify, message.job_id, message.token
+                if (id(target), job_id) not in told and not self._was_told(job_id, token, target):
+                    told.add((id(target), job_id))
+                    self._notes.append((target, LockLost(job_id, token, MANAGER_STOPPED)))
+            if envelope.reply_to is not None:
+                asks.append((message, envelope.reply_to))
+
+    def _answer_stopped(self, asks: list[tuple[Any, pykka.Future[Any]]]) -> None:
+        for message, reply in asks:
+            if isinstance(message, _ActorStop):
+                reply.set(None)  # as pykka answers a second stop
+            else:
+                error = ManagerStopped(f"LockManager for queue {self.queue_name!r} is stopped")
+                reply.set_exception((ManagerStopped, error, None))
+
+    def _was_told(self, job_id: str, token: str, target: Notify) -> bool:
+        gone = self._lost.get(job_id, token) if self._lost else None
+        return gone is not None and any(known is target for known in gone.told)
 
     def _fire(self, scheduled: int) -> None:
         tick = ExtendLocks(scheduled)
@@ -312,27 +353,58 @@ class LockManager(pykka.ThreadingActor):
 
     def _on_track(self, message: TrackJob) -> None:
         job_id, token, ts, max_hold = message.job_id, message.token, message.ts, message.max_hold
+        notify, keep = message.notify, message.keep
         if not (is_valid_text(job_id) and is_valid_text(token)):
             TrackJob(job_id, token)  # raises, naming the bad argument: logged and dropped
-        if not (_plain_int(ts) and _plain_int(max_hold)):
-            raise TypeError("a TrackJob's ts or max_hold was changed after it was built")
-        now = self.clock()
+        if not (_plain_int(ts) and _plain_int(max_hold)) or type(keep) is not bool:
+            raise TypeError("a TrackJob's ts, max_hold or keep was changed after it was built")
+        if keep and notify is None:
+            raise ValueError("a TrackJob's keep was changed after it was built")
+        if self._lost:
+            gone = self._lost.get(job_id, token)
+            if gone is not None and self._tracked_again(job_id, token, notify, gone):
+                return
+        try:
+            now = self.clock()
+        except BaseException:
+            if ts is None:
+                raise
+            # The caller's stamp, read on the same clock, stands in: a track
+            # is never dropped for the clock's fault.
+            logger.warning("LockManager for queue %r: the clock raised", self.queue_name)
+            now = ts
         # A stamp is never later than now: a lock never looks younger than it is.
         ts = now if ts is None or ts > now else ts
         max_hold = max_hold if max_hold is not None else self._max_hold
-        replaced = self._jobs.track(job_id, token, ts, message.notify, max_hold)
+        replaced = self._jobs.track(job_id, token, ts, notify, max_hold, keep)
         if replaced is not None:
             # The job was taken again with a new token: everybody who waited
             # on the old lock must learn it belongs to another run now.
             old_token, targets = replaced
             self._notes.extend((target, LockLost(job_id, old_token, STOLEN)) for target in targets)
+            self._lost.add(job_id, old_token, STOLEN, [Claim(target, None) for target in targets])
             self._deliver()
+
+    def _tracked_again(self, job_id: str, token: str, notify: Notify | None, gone: Gone) -> bool:
+        """Handle a track of a lock lost recently; return whether that is all there is to do."""
+        if gone.reason is None:
+            # The lock is renewed for other claims: only this claim ended
+            # (its max_hold), and it does not begin again.
+            return any(known is notify for known in gone.told)
+        # The lock is lost: it is not renewed again, nor reported again. A
+        # target that did not hear of it yet hears now, once.
+        if notify is not None and not any(known is notify for known in gone.told):
+            self._lost.told(job_id, token, notify)
+            self._notes.append((notify, LockLost(job_id, token, gone.reason)))
+            self._deliver()
+        return True
 
     def _on_untrack(self, message: UntrackJob) -> None:
         job_id, token = message.job_id, message.token
         if type(job_id) is not str or not (token is None or type(token) is str):
             raise TypeError("an UntrackJob was changed after it was built")
-        self._jobs.untrack(job_id, token)
+        # The target is only compared by identity: none of its code runs here.
+        self._jobs.untrack(job_id, token, message.notify)
 
     def _on_extend(self, message: ExtendLocks) -> None:
         scheduled = message.scheduled
@@ -362,13 +434,16 @@ class LockManager(pykka.ThreadingActor):
         ts: int | None = None,
         notify: Notify | None = None,
         max_hold: int | None = None,
+        keep: bool = False,
     ) -> None:
         """Renew ``job_id``'s lock, held with ``token`` (see :class:`~actors.TrackJob`)."""
-        self._guarded(TrackJob, job_id, token, ts, notify, max_hold)
+        self._guarded(TrackJob, job_id, token, ts, notify, max_hold, keep)
 
-    def untrack_job(self, job_id: str, token: str | None = None) -> None:
-        """Stop renewing ``job_id``'s lock (only the one holding ``token``, if given)."""
-        self._guarded(UntrackJob, job_id, token)
+    def untrack_job(
+        self, job_id: str, token: str | None = None, notify: Notify | None = None
+    ) -> None:
+        """End claims on ``job_id``'s lock (see :class:`~actors.UntrackJob`)."""
+        self._guarded(UntrackJob, job_id, token, notify)
 
     def get_active_job_count(self) -> int:
         """Return how many jobs are tracked."""
@@ -404,7 +479,20 @@ class LockManager(pykka.ThreadingActor):
 
     def _tick(self, scheduled: int | None) -> None:
         self._reporter.counters.ticks += 1
-        now = self.clock()
+        try:
+            now = self.clock()
+        except BaseException:
+            # The clock is the user's code: its failure must not end the
+            # ticks. The timer's own fire comes once its time has come, so its
+            # grid time stands in for a reading (never later than the truth).
+            logger.warning(
+                "LockManager for queue %r: the clock raised; ticking on",
+                self.queue_name,
+                exc_info=True,
+            )
+            if scheduled is None or scheduled != self._next_tick:
+                return
+            now = scheduled
         # Only the timer's own fire, once its time has come, is a grid tick:
         # one sent early (or forged) is a plain "renew now" and moves nothing.
         on_grid = scheduled is not None and scheduled == self._next_tick and scheduled <= now
@@ -418,16 +506,41 @@ class LockManager(pykka.ThreadingActor):
             if self._jobs.watches:
                 overdue = self._jobs.overdue(now)
                 if overdue:
-                    self._reporter.lost([self._forget(job_id, MAX_HOLD) for job_id in overdue])
+                    self._expire(overdue, now)
             due, tokens = self._jobs.due(at, self._timing.threshold)
             if due:
                 self._renew(due, tokens, at, now)
         finally:
             # Whatever happened above, the timer ticks again.
             if on_grid and self._timer is not None:
-                self._next_tick = next_deadline(at, self._timing.interval, self.clock())
+                self._next_tick = next_deadline(at, self._timing.interval, self._now(now))
                 self._timer.arm(self._next_tick)
             self._deliver()
+
+    def _now(self, fallback: int) -> int:
+        """Read the clock; ``fallback`` (an earlier reading) if it raises."""
+        try:
+            return self.clock()
+        except BaseException:
+            logger.warning(
+                "LockManager for queue %r: the clock raised", self.queue_name, exc_info=True
+            )
+            return fallback
+
+    def _expire(self, overdue: list[str], now: int) -> None:
+        """End the claims past their deadline; a lock with none left is let go, and reported."""
+        lost: list[LostLock] = []
+        for job_id in overdue:
+            ended = self._jobs.expire(job_id, now)
+            self._tell(job_id, ended, MAX_HOLD)
+            held, claims, gone = ended
+            if gone:
+                self._lost.add(job_id, held, MAX_HOLD, claims)
+                lost.append(LostLock(job_id, held, MAX_HOLD))
+            else:
+                self._lost.add(job_id, held, None, claims)
+        if lost:
+            self._reporter.lost(lost)
 
     def _renew(self, due: list[str], tokens: list[str], at: int, now: int) -> None:
         started = time.perf_counter()
@@ -457,7 +570,7 @@ class LockManager(pykka.ThreadingActor):
                 # Read when the answer is back: the renewal ran before this,
                 # so the margin is never overstated (a slow round trip or a
                 # GIL-bound process shows in it).
-                margin = self._timing.lock_duration - (self.clock() - oldest)
+                margin = self._timing.lock_duration - (self._now(now) - oldest)
                 renewed, lost = self._apply(due, tokens, at, outcome)
                 span.finish(lost, calls)
                 if outcome.errors:
@@ -498,19 +611,28 @@ class LockManager(pykka.ThreadingActor):
         self._jobs.stamp(renewed, at)
         return renewed, lost
 
-    def _forget(self, job_id: str, reason: Reason, token: str | None = None) -> LostLock:
+    def _forget(
+        self, job_id: str, reason: Reason, token: str | None = None, *, remember: bool = True
+    ) -> LostLock:
         """Untrack a job whose lock is lost; queue a word for each who asked to be told."""
-        entry = self._jobs.untrack(job_id)
-        if entry is None:
+        ended = self._jobs.untrack(job_id, everyone=True)
+        if ended is None:
             return LostLock(job_id, token or "", reason)
-        held, watch = entry
-        if watch is not None:
-            # One LockLost each: a target that raises its message must not
-            # leave its traceback on another's.
-            self._notes.extend(
-                (target, LockLost(job_id, token or held, reason)) for target in watch.targets
-            )
+        self._tell(job_id, ended, reason)
+        held, claims, _ = ended
+        if remember:
+            self._lost.add(job_id, held, reason, claims)
         return LostLock(job_id, token or held, reason)
+
+    def _tell(self, job_id: str, ended: Ended, reason: Reason) -> None:
+        # One LockLost each: a target that raises its message must not leave
+        # its traceback on another's.
+        held, claims, _ = ended
+        self._notes.extend(
+            (claim.target, LockLost(job_id, held, reason))
+            for claim in claims
+            if claim.target is not None
+        )
 
     def _deliver(self) -> None:
         # Told only once the tick's bookkeeping is done: a target that calls

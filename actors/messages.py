@@ -44,12 +44,15 @@ class Notify(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class TrackJob:
-    """Start renewing a job's lock (tell).
+    """Claim a job's lock: renew it while any claim on its token holds (tell).
 
-    Tracking a tracked job with a new token replaces the token and restarts
-    its clock (a fresh lock); with the same token it changes nothing but
-    adding its ``notify``, so a progress hook that tracks again never delays
-    a renewal.
+    Each target (``notify``, compared by identity) makes its own claim, with
+    its own ``max_hold``; tracking without a target makes the plain claim.
+    The same claim made again changes nothing, so a progress hook that
+    tracks again never delays a renewal nor slides a deadline. A new token
+    is a new lock: it replaces the old one, whose targets are told ``stolen``.
+    A lock lost recently is not tracked again with the same token (a new
+    target is told of the loss at once).
     """
 
     #: The job's id, as in its lock key ``{prefix}:{queue}:{job_id}:lock``.
@@ -62,9 +65,12 @@ class TrackJob:
     #: Told :class:`~actors.LockLost` once if the lock is lost (with any other
     #: target the lock was tracked with); ``None`` for nobody.
     notify: Notify | None = None
-    #: Most milliseconds to keep renewing the lock; ``None`` for the manager's
-    #: ``max_hold``.
+    #: Most milliseconds to keep renewing the lock for this claim; ``None``
+    #: for the manager's ``max_hold``.
     max_hold: int | None = None
+    #: End this claim only by an untrack that names ``notify`` (a lease's
+    #: claim is kept so): an untrack without a target leaves it.
+    keep: bool = False
 
     def __post_init__(self) -> None:
         # The common case in one cheap test: a worker tracks by the thousand.
@@ -79,23 +85,40 @@ class TrackJob:
             )
         if self.max_hold is not None:
             _set(self, "max_hold", require_int(self.max_hold, "max_hold", maximum=MAX_DURATION_MS))
+        if self.keep is not False:
+            if type(self.keep) is not bool:
+                raise TypeError(f"keep must be a bool, got {type(self.keep).__name__}")
+            if self.notify is None:
+                raise ValueError("keep=True needs a notify target: only its untrack ends the claim")
 
 
 @dataclass(frozen=True, slots=True)
 class UntrackJob:
-    """Stop renewing a job's lock (tell; ask to wait until it is done). Unknown ids are ignored."""
+    """End claims on a job's lock (tell; ask to wait until it is done). Unknown ids are ignored.
+
+    With ``notify`` it ends that target's claim alone. Without, it ends every
+    claim but the kept ones (the leases'): the plain claim and each
+    ``notify`` target's, untold. The lock is renewed while a claim remains.
+    """
 
     #: The job's id.
     job_id: str
     #: Untrack only the lock holding this token (a later lock of the job stays);
     #: ``None`` untracks whatever lock the job holds.
     token: str | None = None
+    #: End only the claim this target made (compared by identity); ``None``
+    #: for every claim that is not kept.
+    notify: Notify | None = None
 
     def __post_init__(self) -> None:
         if not is_valid_text(self.job_id):
             _set(self, "job_id", require_text(self.job_id, "job_id"))
         if self.token is not None:
             _set(self, "token", require_text(self.token, "token"))
+        if self.notify is not None and not callable(getattr(self.notify, "tell", None)):
+            raise TypeError(
+                f"notify must have a tell() method (an ActorRef), got {type(self.notify).__name__}"
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,10 +90,12 @@ def test_leaving_one_of_two_leases_on_one_lock_strands_the_other(
     except RuntimeError:
         first.__exit__(None, None, None)
         return  # refused: nothing can be stranded
-    with second:
+    try:
         first.__exit__(None, None, None)
         seen = watch_locks(redis_client, KEYS, tokens, WATCH_S)
         stranded = bool(seen.missing) and not second.lost
+    finally:
+        second.__exit__(None, None, None)
     assert not stranded, "the held lease's lock expired and the lease was never told"
 
 

@@ -223,16 +223,16 @@ def test_a_lease_entered_behind_a_stop_learns_the_manager_stopped() -> None:
         assert not held.lost  # the manager is alive, just busy
         waiter = threading.Thread(target=lambda: learned.append((held.wait(10), time.monotonic())))
         waiter.start()
-        # when the tick ends and the manager stops, dropping the TrackJob
+        # when the tick ends and the manager stops with the TrackJob unread
         opened_at = time.monotonic()
         gated.gate.set()
         waiter.join(10)
-        # then the waiting job learned it as the manager stopped, though
-        # nobody told it
+        # then the waiting job learned it as the manager stopped: the stop
+        # tells every target of a track it did not get round to, once
         assert [lost for lost, _ in learned] == [True]
         assert learned[0][1] - opened_at < 1.0
         assert held.reason == "manager_stopped"
-        assert held.told == []
+        assert held.told == [LockLost("j", "t", "manager_stopped")]
 
 
 def test_an_async_lease_entered_behind_a_stop_learns_the_manager_stopped() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.jobs import JobTable
+from actors.jobs import Claim, Gone, JobTable, LostLocks
 
 THRESHOLD = 100
 
@@ -144,16 +144,69 @@ def test_each_target_of_a_lock_is_kept_once_in_the_order_it_asked() -> None:
     jobs.track("j", "t", 0, notify=a)
     jobs.track("j", "t", 10, notify=b)
     jobs.track("j", "t", 20, notify=a)
-    jobs.track("j", "t", 30)  # a progress hook
     jobs.track("plain", "t", 0)
     jobs.track("held", "t", 0, max_hold=1000)
 
     assert jobs.watches["j"].targets == (a, b)
     assert jobs.stamps["j"] == 0
-    # A job nobody waits on stays in the flat dicts only.
+    # A job tracked once, plainly, stays in the flat dicts only.
     assert "plain" not in jobs.watches
     # Waited on, it is checked at every tick; held only to a deadline, it is not.
     assert jobs.due(50, THRESHOLD)[0] == ["j"]
+
+
+def test_each_holder_adds_its_own_claim_and_the_same_holder_again_adds_none() -> None:
+    a = Target()
+    jobs = JobTable()
+    jobs.track("j", "t", 0)
+    jobs.track("j", "t", 5)  # a progress hook: the same plain claim
+    jobs.track("j", "t", 10, notify=a, max_hold=100)
+    jobs.track("j", "t", 20, notify=a, max_hold=500)  # the same claim: its deadline stays
+
+    assert jobs.claims("j") == (Claim(None, None), Claim(a, 110))
+    assert jobs.stamps["j"] == 0
+
+
+def test_a_claims_deadline_ends_that_claim_alone() -> None:
+    a = Target()
+    jobs = JobTable()
+    jobs.track("j", "t", 0)
+    jobs.track("j", "t", 0, notify=a, max_hold=100)
+
+    assert jobs.overdue(100) == ["j"]
+    ended = jobs.expire("j", 100)
+
+    assert ended == ("t", (Claim(a, 100),), False)
+    assert jobs.claims("j") == (Claim(None, None),)
+    assert "j" not in jobs.watches and "j" in jobs
+
+
+def test_an_untrack_naming_a_target_ends_its_claim_alone() -> None:
+    a, b = Target(), Target()
+    jobs = JobTable()
+    jobs.track("j", "t", 0)
+    jobs.track("j", "t", 0, notify=a, keep=True)
+    jobs.track("j", "t", 0, notify=b)
+
+    ended = jobs.untrack("j", "t", notify=a)
+
+    assert ended == ("t", (Claim(a, None, keep=True),), False)
+    assert jobs.claims("j") == (Claim(None, None), Claim(b, None))
+
+
+def test_an_untrack_without_a_target_leaves_the_kept_claims() -> None:
+    a, b = Target(), Target()
+    jobs = JobTable()
+    jobs.track("j", "t", 0)
+    jobs.track("j", "t", 0, notify=a, keep=True)
+    jobs.track("j", "t", 0, notify=b)
+
+    ended = jobs.untrack("j")
+
+    assert ended == ("t", (Claim(None, None), Claim(b, None)), False)
+    assert jobs.claims("j") == (Claim(a, None, keep=True),)
+    assert jobs.untrack("j", "t", notify=a) == ("t", (Claim(a, None, keep=True),), True)
+    assert "j" not in jobs
 
 
 def test_a_new_token_hands_back_every_target_of_the_old_lock() -> None:
@@ -166,6 +219,7 @@ def test_a_new_token_hands_back_every_target_of_the_old_lock() -> None:
 
     assert replaced == ("old", (a, b))
     assert jobs.watches["j"].targets == (c,)
+    assert jobs.claims("j") == (Claim(c, None),)
 
 
 def test_a_new_token_without_a_target_leaves_no_watch() -> None:
@@ -178,7 +232,7 @@ def test_a_new_token_without_a_target_leaves_no_watch() -> None:
     assert "j" not in jobs.watches
 
 
-def test_adding_a_target_keeps_the_hold_deadline() -> None:
+def test_each_claim_keeps_its_own_hold_deadline() -> None:
     a, b = Target(), Target()
     jobs = JobTable()
     jobs.track("j", "t", 0, notify=a, max_hold=100)
@@ -187,18 +241,43 @@ def test_adding_a_target_keeps_the_hold_deadline() -> None:
     assert jobs.watches["j"].targets == (a, b)
     assert jobs.watches["j"].deadline == 100
     assert jobs.overdue(100) == ["j"]
+    assert jobs.expire("j", 100) == ("t", (Claim(a, 100),), False)
+    assert jobs.watches["j"].deadline == 160
 
 
-def test_untracking_hands_back_every_target() -> None:
+def test_a_lost_lock_hands_back_every_claim() -> None:
     a, b = Target(), Target()
     jobs = JobTable()
     jobs.track("j", "t", 0, notify=a)
-    jobs.track("j", "t", 0, notify=b)
+    jobs.track("j", "t", 0, notify=b, keep=True)
 
-    entry = jobs.untrack("j", "t")
+    ended = jobs.untrack("j", everyone=True)
 
-    assert entry is not None
-    token, watch = entry
-    assert token == "t"
-    assert watch is not None and watch.targets == (a, b)
-    assert "j" not in jobs.watches
+    assert ended == ("t", (Claim(a, None), Claim(b, None, keep=True)), True)
+    assert "j" not in jobs.watches and "j" not in jobs
+
+
+def test_the_lost_locks_remembered_are_bounded_the_least_recent_forgotten_first() -> None:
+    lost = LostLocks(size=3)
+    for i in range(3):
+        lost.add(f"j{i}", "t", "stolen", ())
+    assert lost.get("j0", "t") is not None  # j0 is now the most recent
+
+    lost.add("j3", "t", "expired", ())
+
+    assert len(lost) == 3
+    assert lost.get("j1", "t") is None
+    assert lost.get("j0", "t") == Gone("stolen", ())
+
+
+def test_a_lost_lock_remembers_each_target_told_once_and_its_first_reason() -> None:
+    a, b = Target(), Target()
+    lost = LostLocks()
+    lost.add("j", "t", None, (Claim(a, 10),))  # a's claim ended, the lock lived on
+    lost.add("j", "t", "expired", (Claim(None, None), Claim(a, None), Claim(b, None)))
+    lost.told("j", "t", b)
+
+    gone = lost.get("j", "t")
+
+    assert gone is not None and gone.reason == "expired"
+    assert gone.told == (a, None, b)
