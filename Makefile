@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench soak faults fuzz clean
+.PHONY: demo test lint typecheck docs docs-check bench soak faults fuzz clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m examples.demo
 
-## test: lint, type-check and run the whole suite
-test: lint typecheck
+## test: lint, type-check, build the docs and run the whole suite
+test: lint typecheck docs
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
@@ -27,7 +27,16 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy actors tests examples
 
-## bench: the performance benchmark (prints the README's table)
+## docs: build the documentation site into out/site (warnings are errors), check every internal link
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	$(BIN)/python docs/_tools/site_check.py links out/site
+
+## docs-check: serve the built site, screenshot three pages in headless Chromium (apt-get install chromium)
+docs-check: docs
+	$(BIN)/python docs/_tools/site_check.py browse out/site out/docs-screenshots
+
+## bench: the performance benchmark (prints the Performance guide's tables)
 bench: $(STAMP)
 	$(BIN)/python -m pytest -m bench -s -p no:randomly tests/bench
 
