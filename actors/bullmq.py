@@ -1,16 +1,29 @@
-"""Stall-proof lock renewal for workers of the ``bullmq`` package (PyPI).
+"""Stall-proof lock renewal for workers of the ``bullmq`` package (PyPI), at any concurrency.
 
 bullmq-py renews its jobs' locks from an asyncio task on the worker's event
-loop. A processor that blocks that loop (``time.sleep``, a blocking client, a
-CPU loop) blocks the renewal too: the lock expires, a stalled checker moves
-the job back to wait, and it runs twice.
+loop, and starts renewing a job only once its processor's task first runs. A
+processor that blocks that loop (``time.sleep``, a blocking client, a CPU
+loop) stops the renewal of every job of the worker, and keeps the jobs
+fetched beside it from ever being tracked: their locks expire, a stalled
+checker moves them back to wait, and they run twice.
 
 :func:`use_actor_lock_manager` swaps the worker's lock manager for an
-:class:`ActorLockManager`, which has the same interface but renews through a
-:class:`~actors.LockManager` on its own thread, with a synchronous client of
-its own. A lost lock reaches the processor: its ``AbortSignal`` is aborted
-with a reason starting with :data:`LOCK_LOST`, and the worker emits the
-events bullmq-py emits (``lockRenewalFailed``, ``locksRenewed``, ``error``).
+:class:`ActorLockManager`, which renews through a :class:`~actors.LockManager`
+on its own thread, and covers each job from the fetch that takes its lock to
+the move that releases it:
+
+- **taken**: bullmq's fetch (the ``moveToActive`` script) runs on a thread,
+  with a client of its own, and the job is tracked there as soon as the
+  server answers, stamped with the moment the request was sent: a blocked
+  loop can delay neither the answer nor the tracking;
+- **moved**: the job stays tracked until the server has answered bullmq's
+  move of it (completed, failed, retried, delayed, waiting-children). A loss
+  reported while a move is under way is the move's doing, not a loss of the
+  run, and is not reported.
+
+A lost lock reaches the processor: its ``AbortSignal`` is aborted with a
+reason starting with :data:`LOCK_LOST`, and the worker emits the events
+bullmq-py emits (``lockRenewalFailed``, ``locksRenewed``, ``error``).
 
 Example:
     >>> worker = Worker("payments", process, {"connection": url, "autorun": False})
@@ -27,23 +40,21 @@ process; run such work in another process.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import concurrent.futures
 import contextvars
 import functools
 import inspect
 import logging
-import threading
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-import pykka
+import msgpack
 import redis
 import redis.asyncio
 
 import actors
-from actors import aio
-from actors.connection import client_for_url, client_like, command_timeout
+from actors.connection import client_for_url, client_like
 from actors.scripts import lock_holds
 
 try:
@@ -63,15 +74,22 @@ logger = logging.getLogger(__name__)
 #: How the reason of an ``AbortSignal`` aborted for a lost lock begins.
 LOCK_LOST = "lock lost"
 
-#: ``stays_when`` of a call that never leaves the job active when it answers.
+#: ``stays_when`` of a move that never leaves the job active when it answers.
 _NEVER = object()
 
-#: Backend calls that move an active job away from active, deleting its lock,
-#: and the answer that means the job stayed (see ActorLockManager.moving).
+#: The backend calls that move an active job away from active (deleting its
+#: lock), and the answer that means the job stayed. Every way bullmq 3.4 ends
+#: a run goes through one of them.
 _MOVES: tuple[tuple[str, object], ...] = (
+    ("moveToCompleted", _NEVER),
+    ("moveToFailed", _NEVER),
+    ("retryJob", _NEVER),
     ("moveToDelayed", _NEVER),
     ("moveToWaitingChildren", False),
 )
+
+#: The script that takes a job and its lock.
+_FETCH = "moveToActive"
 
 #: The token of the run of a job that the current task is processing.
 _RUN_TOKEN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -80,30 +98,32 @@ _RUN_TOKEN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 
 @dataclass(frozen=True, slots=True)
-class _Held:
-    """One job the worker processes, as the worker's loop knows it."""
+class _Run:
+    """One run of a job this worker holds, from its fetch to its move."""
 
     #: The token its lock holds.
     token: str
-    #: When it became active, in wall-clock milliseconds, as bullmq gives it.
-    ts: int
+    #: When the lock was taken, in wall-clock milliseconds (bullmq's ``ts``).
+    wall_ms: int
     #: Aborts the signal the processor was given, if it asked for one.
-    controller: AbortController | None
-    #: The manager reported its lock lost.
-    lost: bool = False
-    #: The processor returned: the manager no longer renews the lock, which
-    #: bullmq is about to release.
-    released: bool = False
+    controller: AbortController | None = None
+    #: Why the manager reported the lock lost, if it did.
+    lost: str | None = None
+    #: A move of the job was sent and not yet answered.
+    moving: bool = False
 
 
-def _now_ms() -> int:
+def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
 
 
 def _monotonic_from_wall(wall_ms: int) -> int:
     """Return the monotonic time, in ms, of a wall-clock instant in the recent past."""
-    age = max(0, _now_ms() - wall_ms)
-    return time.monotonic_ns() // 1_000_000 - age
+    return _monotonic_ms() - max(0, _wall_ms() - wall_ms)
 
 
 class ActorLockManager:
@@ -111,21 +131,19 @@ class ActorLockManager:
 
     It has the interface the ``Worker`` uses (``start``, ``track_job``,
     ``untrack_job``, ``cancel_job``, ``cancel_all_jobs``, the counts and
-    ``close``) and behaves the same, with three differences:
+    ``close``) and behaves the same, with these differences:
 
     - renewal runs on the manager's thread, so a processor that blocks the
-      worker's loop keeps its lock;
+      worker's loop keeps its lock, and so does every job fetched beside it;
+    - a job is tracked from the moment its lock is taken (see
+      :meth:`fetching`) until bullmq's move of it is answered (see
+      :meth:`moving`), whatever the concurrency;
     - a job whose lock was lost (stolen, or expired) has its ``AbortSignal``
       aborted with a reason starting with :data:`LOCK_LOST`, and is no longer
-      renewed (bullmq-py would try it again every tick, and fail again);
-    - when the processor returns, or moves its own job (to delayed, or to
-      waiting-children), the job is untracked before bullmq deletes the lock,
-      not after: a tick in between would find the lock gone and report a loss.
-      (Installed by :func:`use_actor_lock_manager`, which wraps the worker's
-      processor and those two calls of its backend.)
+      renewed (bullmq-py would try it again every tick, and fail again).
 
-    Every method is called on the worker's event loop, as the ``Worker``
-    does; the manager's reports reach the loop through
+    Every method but :meth:`close` is called on the worker's event loop, as
+    the ``Worker`` does; the manager's reports reach the loop through
     ``loop.call_soon_threadsafe``, so listeners run there too, and a
     processor that blocks the loop sees its signal aborted once it awaits
     again: check ``signal.aborted`` after each blocking step.
@@ -147,8 +165,7 @@ class ActorLockManager:
     Raises:
         TypeError: A duration is not an ``int``, or the connection cannot be
             used (see :func:`use_actor_lock_manager`).
-        ValueError: ``lock_renew_time`` is not below ``lock_duration``, or the
-            queue's name or prefix cannot make keys.
+        ValueError: ``lock_renew_time`` is not below ``lock_duration``.
     """
 
     def __init__(
@@ -168,14 +185,16 @@ class ActorLockManager:
         self.worker_id = worker_id
         self.worker_name = worker_name
         self.closed = False
-        self._keys = actors.QueueKeys(worker.name, prefix=worker.opts.get("prefix", "bull"))
+        self._keys = actors.QueueKeys.as_bullmq_names(
+            worker.name, prefix=worker.opts.get("prefix", "bull")
+        )
         self._max_batch = max_batch
-        self._jobs: dict[str, _Held] = {}
+        self._jobs: dict[str, _Run] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._manager: actors.ManagerRef | None = None
         self._conn: redis.Redis | redis.RedisCluster | None = None
         self._owns_connection = False
-        self._release_timeout = 0.0
+        self._fetcher: _Fetcher | None = None
         # bullmq-py turns renewal off for lockRenewTime <= 0; so does this.
         self._renews = not (
             isinstance(lock_renew_time, (int, float))
@@ -191,9 +210,6 @@ class ActorLockManager:
                 f"worker options lockDuration={lock_duration!r}, "
                 f"lockRenewTime={lock_renew_time!r}: {error}"
             ) from error
-        # Waiting for the manager to untrack a finished job holds the loop: at
-        # most one attempt of a command, when a tick is in flight.
-        self._release_timeout = command_timeout(timing.interval)
         if connection is None:
             options = worker.opts.get("connection", {})
             if isinstance(options, (redis.asyncio.RedisCluster, redis.RedisCluster)):
@@ -247,8 +263,8 @@ class ActorLockManager:
         snapshot changes nothing: use :meth:`track_job` and :meth:`untrack_job`.
         """
         return {
-            job_id: {"token": held.token, "ts": held.ts, "abort_controller": held.controller}
-            for job_id, held in self._jobs.items()
+            job_id: {"token": run.token, "ts": run.wall_ms, "abort_controller": run.controller}
+            for job_id, run in self._jobs.items()
         }
 
     # -- the interface the Worker uses ----------------------------------
@@ -273,8 +289,8 @@ class ActorLockManager:
             max_batch=self._max_batch,
         )
         # Jobs tracked before the start are renewed from now on.
-        for job_id, held in self._jobs.items():
-            self._tell_track(job_id, held)
+        for job_id, run in self._jobs.items():
+            self._tell_track(job_id, run.token, _monotonic_from_wall(run.wall_ms))
 
     def track_job(
         self,
@@ -284,6 +300,10 @@ class ActorLockManager:
         should_create_controller: bool = False,
     ) -> AbortController | None:
         """Renew ``job_id``'s lock, held with ``token``, from now on.
+
+        bullmq calls it when the job's processor task starts. A job the fetch
+        already tracked keeps the time its lock was taken, and gets its
+        controller; a controller made for a lock already lost starts aborted.
 
         Args:
             job_id: The job's id.
@@ -298,28 +318,36 @@ class ActorLockManager:
         """
         if self.closed or not job_id:
             return None
+        job_id = str(job_id)
+        # Seen by untrack_job later in the same task: which run is ending.
+        _RUN_TOKEN.set(token)
         controller = AbortController() if should_create_controller else None
-        held = _Held(token, ts, controller)
-        self._jobs[str(job_id)] = held
-        if self._manager is not None:
-            self._tell_track(str(job_id), held)
+        run = self._jobs.get(job_id)
+        if run is None or run.token != token:
+            self._jobs[job_id] = _Run(token, ts, controller)
+            if self._manager is not None:
+                self._tell_track(job_id, token, _monotonic_from_wall(ts))
+            return controller
+        self._jobs[job_id] = replace(run, controller=controller)
+        if controller is not None and run.lost is not None:
+            controller.abort(self._abort_reason(job_id, run.lost))
         return controller
 
     def untrack_job(self, job_id: str) -> None:
-        """Stop renewing ``job_id``'s lock: the job completed, failed or moved.
+        """Stop renewing ``job_id``'s lock: bullmq has moved the job, or gave it up.
 
-        bullmq calls it by id when a run of the job ends. When the job was
-        taken again meanwhile (a stalled job handed back to this worker, with a
-        new token), the old run's call leaves the new run's lock alone.
+        bullmq calls it by id when a run of the job ends, after its move was
+        answered. When the job was taken again meanwhile (a job handed back to
+        this worker, with a new token), the old run's call leaves the new
+        run's lock alone.
         """
         job_id = str(job_id)
-        held = self._jobs.get(job_id)
-        run = _RUN_TOKEN.get()
-        if held is None or (run is not None and run != held.token):
+        run = self._jobs.get(job_id)
+        ending = _RUN_TOKEN.get()
+        if run is None or (ending is not None and ending != run.token):
             return
         del self._jobs[job_id]
-        if not held.released and self._manager is not None:
-            actors.untrack_job(self._manager, job_id, token=held.token)
+        self._tell_untrack(job_id, run.token)
 
     def cancel_job(self, job_id: str, reason: str | None = None) -> bool:
         """Abort ``job_id``'s signal with ``reason``.
@@ -327,17 +355,17 @@ class ActorLockManager:
         Returns:
             Whether the job is tracked and has a controller.
         """
-        held = self._jobs.get(str(job_id))
-        if held is None or held.controller is None:
+        run = self._jobs.get(str(job_id))
+        if run is None or run.controller is None:
             return False
-        held.controller.abort(reason)
+        run.controller.abort(reason)
         return True
 
     def cancel_all_jobs(self, reason: str | None = None) -> None:
         """Abort the signal of every tracked job that has a controller."""
-        for held in self._jobs.values():
-            if held.controller is not None:
-                held.controller.abort(reason)
+        for run in self._jobs.values():
+            if run.controller is not None:
+                run.controller.abort(reason)
 
     def get_active_job_count(self) -> int:
         """Return how many jobs are tracked."""
@@ -354,105 +382,93 @@ class ActorLockManager:
     async def close(self) -> None:
         """Stop renewing and forget every job. Idempotent.
 
-        The manager's thread (and a client built here) is stopped off the
-        loop, by a short-lived thread that has ended when this returns.
+        The manager's thread, the fetch thread and the clients built here are
+        stopped off the loop, on a thread that has ended when this returns:
+        stopping waits for a tick in flight, which must not hold the loop.
         """
         if self.closed:
             return
         self.closed = True
         self._jobs.clear()
         manager, self._manager = self._manager, None
+        fetcher, self._fetcher = self._fetcher, None
         conn = self._conn if self._owns_connection else None
-        if manager is None and conn is None:
-            return
 
-        def release() -> BaseException | None:
-            try:
-                if manager is not None:
-                    actors.stop(manager)
-                if conn is not None:
-                    conn.close()
-            except Exception as error:
-                return error
-            return None
+        def release() -> None:
+            if manager is not None:
+                actors.stop(manager)
+            if fetcher is not None:
+                fetcher.close()
+            if conn is not None:
+                conn.close()
 
         try:
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:
             # Closed outside any loop: a worker's run() finalized by the
             # garbage collector after its loop was closed. Stop here.
-            failure = release()
+            failure = _attempt(release)
         else:
-            done: asyncio.Future[BaseException | None] = loop.create_future()
-
-            def release_and_tell() -> None:
-                failure = release()
-                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                    loop.call_soon_threadsafe(_settle, done, failure)
-
-            # Stopping waits for a tick in flight; that wait must not hold the loop.
-            thread = threading.Thread(
-                target=release_and_tell, name=f"bullmq-locks-close-{self._keys.name}", daemon=True
-            )
-            thread.start()
-            failure = await done
-            thread.join()
+            # A thread of its own, ended when this returns.
+            closer = concurrent.futures.ThreadPoolExecutor(1, f"bullmq-close-{self._keys.name}")
+            try:
+                failure = await asyncio.wrap_future(closer.submit(_attempt, release))
+            finally:
+                closer.shutdown(wait=True)
         if failure is not None:
             self._emit("error", failure)
 
-    def releasing(self, processor: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-        """Wrap a bullmq processor so its job is untracked as soon as it returns.
+    # -- the hooks into the worker's backend ------------------------------
 
-        bullmq deletes a job's lock when it moves the job to completed or
-        failed, right after the processor returns, and untracks the job only
-        after that; a tick in between would find the lock gone and report it
-        lost. The wrapper untracks first, and waits until the manager has (at
-        most one command timeout, when a tick is in flight).
+    def fetching(self, script: Any) -> Callable[..., Awaitable[Any]] | None:
+        """Wrap bullmq's ``moveToActive`` script so the lock it takes is tracked at once.
+
+        The wrapper runs the same script, with the same keys and arguments,
+        through a synchronous client of its own on a thread (the script is
+        not retried: a second run would take a second job), and tracks the
+        job on that thread as soon as the server answers, stamped with the
+        moment the request was sent. The answer is handed back decoded as the
+        worker's own client would have decoded it.
 
         Args:
-            processor: The worker's processor, ``(job, token[, signal])``.
+            script: The worker's registered ``moveToActive`` script (a
+                ``redis.asyncio`` ``AsyncScript``).
 
         Returns:
-            A processor that takes and returns the same.
+            An awaitable script with the same call signature, or ``None`` when
+            the worker's client cannot be copied (the fetch then stays on the
+            loop, and the job is tracked when its processor starts).
         """
-
-        @functools.wraps(processor)
-        async def process(job: Any, token: str, *signal: Any) -> Any:
-            # Seen by untrack_job later in the same task: which run is ending.
-            _RUN_TOKEN.set(token)
-            try:
-                return await processor(job, token, *signal)
-            finally:
-                await self._release(str(job.id), token)
-
-        return process
+        conn = getattr(getattr(self.worker, "backend", None), "conn", None)
+        if not isinstance(conn, redis.asyncio.Redis) or not hasattr(script, "script"):
+            return None
+        try:
+            self._fetcher = _Fetcher(self, script, conn)
+        except TypeError:
+            return None
+        return self._fetcher.run
 
     def moving(
         self, move: Callable[..., Awaitable[Any]], *, stays_when: object = _NEVER
     ) -> Callable[..., Awaitable[Any]]:
         """Wrap a backend call that moves an active job away, deleting its lock.
 
-        A processor may move its own job (``job.moveToDelayed``,
-        ``job.moveToWaitingChildren``), then raise bullmq's ``DelayedError`` or
-        ``WaitingChildrenError``. The script deletes the lock; a tick before
-        the processor returns would report it lost. The wrapper untracks the
-        job first (as :meth:`releasing` does) and tracks it again, with its
-        first timestamp, unless the job is known to have moved:
+        The job stays tracked while the move is under way, and a loss reported
+        meanwhile is not reported on (the move deletes the lock; a tick may
+        see it gone before the answer arrives). Then:
 
-        - the call answered: the job moved, unless the answer is
-          ``stays_when``;
-        - the call raised (refused, timed out, connection lost, cancelled):
+        - the move answered: the job moved, unless the answer is
+          ``stays_when`` (``moveToWaitingChildren`` answers ``False`` when the
+          job has no pending children); a job that moved is untracked;
+        - the move raised (refused, timed out, connection lost, cancelled):
           the server may have run it all the same, so the lock is read back
-          off the loop, and the job is tracked again if the lock still holds
-          the run's token, or if it cannot be read;
-        - the wait for the untrack was cancelled: the call never went out, and
-          the job is tracked again.
+          off the loop, and the job stays tracked if the lock still holds the
+          run's token, or if it cannot be read.
 
         Args:
-            move: The backend's method; it takes ``job_id`` and ``token``.
-            stays_when: The answer that means the job is still active
-                (``moveToWaitingChildren`` answers ``False`` when the job has
-                no pending children).
+            move: The backend's method; it takes the job (``job``) or its id
+                (``job_id``), and ``token``.
+            stays_when: The answer that means the job is still active.
 
         Returns:
             A method that takes and returns the same.
@@ -462,65 +478,37 @@ class ActorLockManager:
         @functools.wraps(move)
         async def moved(*args: Any, **kwargs: Any) -> Any:
             given = signature.bind(*args, **kwargs)
-            given.apply_defaults()
-            job_id, token = str(given.arguments["job_id"]), str(given.arguments["token"])
-            manager = self._mark_released(job_id, token)
-            if manager is None:
+            job = given.arguments.get("job")
+            job_id = str(given.arguments["job_id"] if job is None else job.id)
+            token = str(given.arguments.get("token", "0"))
+            run = self._jobs.get(job_id)
+            if run is None or run.token != token or run.moving:
                 return await move(*args, **kwargs)
-            # The job is now neither renewed nor reported. Whatever ends this
-            # call, a cancel included, it must leave the job tracked again
-            # unless it surely moved: an untracked active job's lock expires
-            # under its processor, and nobody is told.
-            gone = False
+            self._jobs[job_id] = replace(run, moving=True)
+            stayed = False
             try:
-                await self._untracked(manager, job_id, token)
-                try:
-                    answer = await move(*args, **kwargs)
-                except BaseException:
-                    # No answer is no proof it stayed: a call cancelled or
-                    # timed out after it was sent may have run on the server.
-                    gone = not await self._lock_held(job_id, token)
-                    raise
-                gone = answer is not stays_when
+                answer = await move(*args, **kwargs)
+                stayed = answer is stays_when
                 return answer
+            except BaseException:
+                # No answer is no proof either way: a call cancelled or timed
+                # out after it was sent may have run on the server.
+                stayed = await self._lock_held(job_id, token)
+                raise
             finally:
-                if not gone:
-                    self._keep(job_id, token)
+                self._moved(job_id, token, stayed=stayed)
 
         return moved
 
-    def _keep(self, job_id: str, token: str) -> None:
-        # The job did not move: its lock is still the run's; renew it again.
-        held = self._jobs.get(job_id)
-        if self.closed or held is None or not held.released or held.token != token:
+    def _moved(self, job_id: str, token: str, *, stayed: bool) -> None:
+        run = self._jobs.get(job_id)
+        if run is None or run.token != token:
             return
-        held = replace(held, released=False)
-        self._jobs[job_id] = held
-        if self._manager is not None:
-            self._tell_track(job_id, held)
-
-    async def _release(self, job_id: str, token: str) -> None:
-        """Untrack the run's job, if tracked, and wait for the manager."""
-        manager = self._mark_released(job_id, token)
-        if manager is not None:
-            await self._untracked(manager, job_id, token)
-
-    def _mark_released(self, job_id: str, token: str) -> actors.ManagerRef | None:
-        """Mark the run's job released; return the manager to untrack it from, if tracked."""
-        held = self._jobs.get(job_id)
-        manager = self._manager
-        if held is None or held.released or held.token != token or manager is None:
-            return None
-        self._jobs[job_id] = replace(held, released=True)
-        return manager
-
-    async def _untracked(self, manager: actors.ManagerRef, job_id: str, token: str) -> None:
-        """Untrack the job and wait for the manager, for at most one command timeout."""
-        try:
-            await aio.untrack_job(manager, job_id, token=token, timeout=self._release_timeout)
-        except pykka.Timeout:
-            # The untrack is still queued; a loss reported meanwhile is dropped.
-            logger.debug("queue %r: job %r untracked without waiting", self._keys.name, job_id)
+        if stayed:
+            self._jobs[job_id] = replace(run, moving=False)
+            return
+        del self._jobs[job_id]
+        self._tell_untrack(job_id, token)
 
     async def _lock_held(self, job_id: str, token: str) -> bool:
         """Whether the job's lock still holds ``token``; ``True`` when it cannot be read.
@@ -544,16 +532,18 @@ class ActorLockManager:
             )
             return True
 
-    # -- reports from the manager's thread -------------------------------
+    # -- the manager, from any thread ----------------------------------
 
-    def _tell_track(self, job_id: str, held: _Held) -> None:
-        assert self._manager is not None
-        # The manager counts from when the lock was taken, on its own clock.
-        ts = _monotonic_from_wall(held.ts) if held.ts else None
-        actors.track_job(self._manager, job_id, held.token, ts=ts)
+    def _tell_track(self, job_id: str, token: str, taken_ms: int) -> None:
+        if self._manager is not None:
+            actors.track_job(self._manager, job_id, token, ts=taken_ms)
+
+    def _tell_untrack(self, job_id: str, token: str) -> None:
+        if self._manager is not None:
+            actors.untrack_job(self._manager, job_id, token=token)
 
     def _to_loop(self, callback: Callable[..., object], *args: object) -> None:
-        # Runs on the manager's thread: hand over and return at once.
+        # Runs on another thread: hand over and return at once.
         loop = self._loop
         if loop is None or self.closed:
             return
@@ -562,9 +552,20 @@ class ActorLockManager:
         except RuntimeError:
             logger.debug("worker loop of queue %r closed; report dropped", self._keys.name)
 
-    def _lost_from_thread(self, job_ids: list[actors.LostLock]) -> None:
-        lost = [(job_id.job_id, job_id.token, job_id.reason) for job_id in job_ids]
-        self._to_loop(self._on_lost, lost)
+    def _taken(self, job_id: str, token: str, sent_ms: int, sent_wall_ms: int) -> None:
+        """Track a job the fetch took; runs on the fetch thread, when the server answers."""
+        # The loop hears of the run before the manager can report on it:
+        # call_soon_threadsafe keeps the order.
+        self._to_loop(self._fetched, job_id, _Run(token, sent_wall_ms))
+        self._tell_track(job_id, token, sent_ms)
+
+    def _abandoned(self, job_id: str, token: str) -> None:
+        """Untrack a job whose fetch was cancelled: no processor will run it."""
+        self._tell_untrack(job_id, token)
+        self._to_loop(self._forget, job_id, token)
+
+    def _lost_from_thread(self, lost: list[actors.LostLock]) -> None:
+        self._to_loop(self._on_lost, [(item.job_id, item.token, item.reason) for item in lost])
 
     def _renewed_from_thread(self, job_ids: list[str]) -> None:
         self._to_loop(self._on_renewed, [str(job_id) for job_id in job_ids])
@@ -574,20 +575,33 @@ class ActorLockManager:
 
     # -- on the worker's loop ---------------------------------------------
 
+    def _fetched(self, job_id: str, run: _Run) -> None:
+        current = self._jobs.get(job_id)
+        if not self.closed and (current is None or current.token != run.token):
+            self._jobs[job_id] = run
+
+    def _forget(self, job_id: str, token: str) -> None:
+        run = self._jobs.get(job_id)
+        if run is not None and run.token == token:
+            del self._jobs[job_id]
+
+    def _abort_reason(self, job_id: str, why: str) -> str:
+        return f"{LOCK_LOST} ({why}): job {job_id}"
+
     def _on_lost(self, lost: list[tuple[str, str, str]]) -> None:
         if self.closed:
             return
         reported = []
         for job_id, token, why in lost:
-            held = self._jobs.get(job_id)
-            # Gone or released: the worker finished the job and bullmq deletes
-            # (deleted) its lock. Another token: the report is about an earlier
-            # lock of a job taken again.
-            if held is None or held.lost or held.released or token != held.token:
+            run = self._jobs.get(job_id)
+            # Gone or moving: bullmq moved the job (or is moving it), and the
+            # move deleted its lock. Another token: the report is about an
+            # earlier run of a job taken again.
+            if run is None or run.lost is not None or run.moving or token != run.token:
                 continue
-            self._jobs[job_id] = replace(held, lost=True)
-            if held.controller is not None:
-                held.controller.abort(f"{LOCK_LOST} ({why}): job {job_id}")
+            self._jobs[job_id] = replace(run, lost=why)
+            if run.controller is not None:
+                run.controller.abort(self._abort_reason(job_id, why))
             reported.append(job_id)
         if reported:
             self._emit("lockRenewalFailed", reported)
@@ -611,9 +625,90 @@ class ActorLockManager:
                 self._emit("error", error)
 
 
-def _settle(done: asyncio.Future[BaseException | None], failure: BaseException | None) -> None:
-    if not done.done():
-        done.set_result(failure)
+class _Fetcher:
+    """bullmq's ``moveToActive`` script, run on a thread that tracks the job it takes."""
+
+    def __init__(self, owner: ActorLockManager, script: Any, conn: Any) -> None:
+        self._owner = owner
+        # Sent once and never retried: a second run would take a second job.
+        # An answer later than the lock's duration finds the lock expired.
+        self._client = client_like(
+            conn, interval_ms=owner.lock_duration, timeout=owner.lock_duration / 1000, retries=0
+        )
+        self._script = self._client.register_script(script.script)
+        self._decode = conn.get_encoder().decode
+        self._prefix = owner.keys.key_prefix
+        # One thread: the worker's own client sends one command at a time too.
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"bullmq-fetch-{owner.keys.name}"
+        )
+
+    async def run(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+        """Run the script as the worker's own client would, from the worker's loop."""
+        fetch = self._executor.submit(self._fetch, list(keys or ()), list(args or ()))
+        try:
+            answer, _ = await asyncio.wrap_future(fetch)
+        except asyncio.CancelledError:
+            # Nobody will process what it takes: let its lock expire.
+            fetch.add_done_callback(self._abandon)
+            raise
+        return answer
+
+    def _fetch(self, keys: list[Any], args: list[Any]) -> tuple[Any, tuple[str, str] | None]:
+        sent_ms, sent_wall_ms = _monotonic_ms(), _wall_ms()
+        answer = _decoded(self._script(keys=keys, args=args), self._decode)
+        taken = self._job_taken(args, answer)
+        if taken is not None:
+            self._owner._taken(*taken, sent_ms, sent_wall_ms)
+        return answer, taken
+
+    def _job_taken(self, args: list[Any], answer: Any) -> tuple[str, str] | None:
+        """The job id and token the answer took a lock for, if any.
+
+        ``ARGV[1]`` is the queue's key prefix, ``ARGV[3]`` the packed options
+        holding the token: the script's argument layout, shared by every
+        BullMQ runtime. The answer's second entry is the job's id.
+        """
+        if not isinstance(answer, list) or len(answer) < 2 or not answer[1]:
+            return None
+        if len(args) < 3 or str(args[0]) != self._prefix:
+            return None
+        try:
+            token = msgpack.unpackb(args[2]).get("token")
+        except Exception:
+            return None
+        if not isinstance(token, str) or not token:
+            return None
+        return str(answer[1]), token
+
+    def _abandon(
+        self, fetch: concurrent.futures.Future[tuple[Any, tuple[str, str] | None]]
+    ) -> None:
+        if fetch.cancelled() or fetch.exception() is not None:
+            return
+        _, taken = fetch.result()
+        if taken is not None:
+            self._owner._abandoned(*taken)
+
+    def close(self) -> None:
+        """End the fetch thread, then close the client."""
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._client.close()
+
+
+def _decoded(reply: Any, decode: Callable[[Any], Any]) -> Any:
+    """Decode a reply as a client with the worker's decoding settings would have."""
+    if isinstance(reply, list):
+        return [_decoded(item, decode) for item in reply]
+    return decode(reply)
+
+
+def _attempt(action: Callable[[], None]) -> BaseException | None:
+    try:
+        action()
+    except Exception as error:
+        return error
+    return None
 
 
 def use_actor_lock_manager(
@@ -624,13 +719,13 @@ def use_actor_lock_manager(
 ) -> ActorLockManager:
     """Make a bullmq ``Worker`` renew its locks from a thread; call before it runs.
 
-    The worker's ``lockDuration``, ``lockRenewTime``, ``prefix`` and queue
-    name carry over. Events and the processor's ``AbortSignal`` work as
-    before; a lost lock now aborts the signal (see :class:`ActorLockManager`).
-    The worker's processor is wrapped (:meth:`ActorLockManager.releasing`), and
-    so are its backend's ``moveToDelayed`` and ``moveToWaitingChildren``
-    (:meth:`ActorLockManager.moving`), so a job that finishes or moves itself
-    is untracked before bullmq deletes its lock.
+    The worker's ``lockDuration``, ``lockRenewTime``, ``prefix``, queue name
+    and ``concurrency`` carry over. Events and the processor's
+    ``AbortSignal`` work as before; a lost lock now aborts the signal (see
+    :class:`ActorLockManager`). The worker's fetch script and its backend's
+    moves are wrapped (:meth:`ActorLockManager.fetching`,
+    :meth:`ActorLockManager.moving`), so each job is renewed from the moment
+    its lock is taken until bullmq has moved it.
 
     Example:
         >>> worker = Worker("payments", process, {"connection": url, "autorun": False})
@@ -638,9 +733,8 @@ def use_actor_lock_manager(
         >>> await worker.run()
 
     Args:
-        worker: A ``bullmq.Worker`` that has not started running. With
-            ``autorun`` (bullmq's default), call this right after creating it,
-            before the loop runs again.
+        worker: A ``bullmq.Worker`` that has not started running: create it
+            with ``"autorun": False``, install, then ``await worker.run()``.
         connection: The client to renew with; by default one is built from
             the worker's ``connection`` option (a URL, a dict of options or a
             ``redis.asyncio.Redis``), with timeouts that keep a failed tick
@@ -668,7 +762,10 @@ def use_actor_lock_manager(
     if opts.get("backend", "redis") != "redis":
         raise TypeError(f"only a Redis backend can be renewed, not {opts['backend']!r}")
     if worker.running or worker.closing or worker.closed or current.is_running():
-        raise RuntimeError("install the lock manager before the worker runs")
+        raise RuntimeError(
+            "install the lock manager before the worker runs: create the Worker with "
+            '{"autorun": False}, call use_actor_lock_manager(worker), then await worker.run()'
+        )
     installed = ActorLockManager(
         worker,
         opts["lockRenewTime"],
@@ -679,20 +776,36 @@ def use_actor_lock_manager(
         max_batch=max_batch,
     )
     worker.lockManager = installed
-    if worker.processor is not None:
-        worker.processor = installed.releasing(worker.processor)
-    # The worker's jobs reach Redis through the worker's own backend.
-    backend = getattr(worker, "backend", None)
+    if installed.renews:
+        _hook_backend(worker, installed)
+    return installed
+
+
+def _hook_backend(worker: Any, installed: ActorLockManager) -> None:
+    """Wrap the worker's fetch script and its backend's moves, on this worker only."""
+    backend: Any = worker.backend
+    scripts: Any = getattr(backend, "scripts", None)
+    commands: Any = getattr(scripts, "commands", None)
+    fetch = None
+    if isinstance(commands, dict) and _FETCH in commands:
+        fetch = installed.fetching(commands[_FETCH])
+    if fetch is None:
+        logger.warning(
+            "queue %r: bullmq's fetch cannot run off the loop here; a job fetched beside a "
+            "processor that blocks the loop is tracked only when its processor starts",
+            worker.name,
+        )
+    else:
+        # A copy: the dict belongs to the connection, which other queues may share.
+        scripts.commands = {**commands, _FETCH: fetch}
     for name, stays_when in _MOVES:
         move = getattr(backend, name, None)
-        if move is None:
-            continue
-        if not {"job_id", "token"} <= set(inspect.signature(move).parameters):
+        parameters = set(inspect.signature(move).parameters) if callable(move) else set()
+        if move is None or "token" not in parameters or not parameters & {"job", "job_id"}:
             logger.warning(
-                "bullmq's %s takes no job_id and token: a job that moves itself that way "
-                "may be reported lost once (tested bullmq: 3.4)",
+                "bullmq's %s takes no job and token: a job it moves may be reported lost once "
+                "(tested bullmq: 3.4)",
                 name,
             )
             continue
         setattr(backend, name, installed.moving(move, stays_when=stays_when))
-    return installed

@@ -255,6 +255,10 @@ class Bench:
         self._workers.append(peer)
         return peer
 
+    def peers(self) -> list[PeerWorker]:
+        """The workers this bench runs in processes of their own."""
+        return [worker for worker in self._workers if isinstance(worker, PeerWorker)]
+
     def control(self) -> LoopThread:
         """The loop thread that adds jobs and asks the queue."""
         if self._control is None:

@@ -3,7 +3,8 @@
 Run by the tests as ``python peer.py URL QUEUE NAME OPTIONS_JSON``. Its
 processor and its ``stalled`` events leave their trace in Redis (lists beside
 the queue's keys), where the test reads them; it stops when the test sets its
-stop key. A process of its own, as a real second worker is: a processor that
+stop key. With ``"paused": true`` among its options it takes no job and only
+checks for stalled ones. A process of its own, as a real second worker is: a processor that
 blocks the first worker's loop (or holds its GIL) cannot slow this one down.
 """
 
@@ -35,7 +36,13 @@ async def main(url: str, queue: str, name: str, options: dict[str, Any]) -> None
         await client.rpush(key(queue, "peer-runs"), f"{name}|{token}|{time.monotonic()}")
         return name
 
-    worker = Worker(queue, process, {"connection": url, "prefix": PREFIX, **options})
+    paused = options.pop("paused", False)
+    worker = Worker(
+        queue, process, {"connection": url, "prefix": PREFIX, **options, "autorun": False}
+    )
+    if paused:
+        await worker.pause()
+    running = asyncio.ensure_future(worker.run())
     stalled: list[str] = []
     worker.on("stalled", lambda job_id, *_: stalled.append(str(job_id)))
     await client.set(key(queue, "peer-ready", name), "1")
@@ -44,6 +51,7 @@ async def main(url: str, queue: str, name: str, options: dict[str, Any]) -> None
             await client.rpush(key(queue, "peer-stalled"), stalled.pop(0))
         await asyncio.sleep(0.02)
     await worker.close()
+    await running
     while stalled:
         await client.rpush(key(queue, "peer-stalled"), stalled.pop(0))
     await client.aclose()

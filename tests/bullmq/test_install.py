@@ -139,12 +139,68 @@ def test_a_running_worker_is_refused(server: Server) -> None:
         task = asyncio.ensure_future(worker.run())
         while not worker.running:
             await asyncio.sleep(0.001)
-        with pytest.raises(RuntimeError, match="before the worker runs"):
+        with pytest.raises(RuntimeError, match=r'before the worker runs.*"autorun": False'):
             use_actor_lock_manager(worker)
         await worker.close()
         await task
 
     asyncio.run(scenario())
+
+
+def test_a_closed_worker_is_refused_saying_how_to_install(server: Server) -> None:
+    async def scenario() -> None:
+        worker = worker_for(server.url)
+        await worker.close()
+        with pytest.raises(RuntimeError, match='"autorun": False'):
+            use_actor_lock_manager(worker)
+
+    asyncio.run(scenario())
+
+
+def test_an_autorun_worker_installed_right_after_creation_is_renewed(server: Server) -> None:
+    # bullmq's default autorun schedules run() for the loop's next turn.
+    async def scenario() -> None:
+        async def process(job: Any, token: str) -> None:
+            return None
+
+        options = {"connection": server.url, "prefix": PREFIX, "drainDelay": 1}
+        worker = Worker("install", process, options)
+        installed = use_actor_lock_manager(worker)
+        deadline = time.monotonic() + SETTLE_S
+        while not worker.running:
+            assert time.monotonic() < deadline, "the worker did not start"
+            await asyncio.sleep(0.001)
+        assert installed.is_running()
+        await worker.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("name", ["", "a:b"])
+def test_every_queue_name_bullmq_runs_is_renewed(server: Server, name: str) -> None:
+    # bullmq-py runs a queue of any name, and keys it '{prefix}:{name}:...'.
+    client = server.client()
+
+    async def scenario() -> list[str]:
+        renewed: list[str] = []
+        worker = worker_for(server.url, lockDuration=LOCK_MS)
+        worker.name = name
+        installed = use_actor_lock_manager(worker)
+        worker.on("locksRenewed", lambda event: renewed.extend(event["jobIds"]))
+        installed.start()
+        client.set(f"{PREFIX}:{name}:7:lock", "token", px=LOCK_MS)
+        installed.track_job("7", "token", time.time_ns() // 1_000_000)
+        deadline = time.monotonic() + SETTLE_S
+        while not renewed and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await worker.close()
+        return renewed
+
+    try:
+        assert asyncio.run(scenario()) == ["7"]
+    finally:
+        client.delete(f"{PREFIX}:{name}:7:lock")
+        client.close()
 
 
 @pytest.mark.parametrize(

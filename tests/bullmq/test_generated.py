@@ -1,0 +1,166 @@
+"""Generated schedules: any concurrency, loop blocks at random moments, every job runs once.
+
+Each example runs worker A (bullmq-py with ``use_actor_lock_manager``) at a
+drawn concurrency over a drawn set of jobs: async work of random length, some
+jobs moving themselves to delayed first, and some processors blocking the
+loop with ``time.sleep`` for up to three lock durations at a drawn moment
+(at the start, at the end, right after moving to delayed). Worker B, a stock
+worker in a process of its own, takes no jobs and checks for stalled ones
+twice per lock duration. Whatever the schedule: every job completes exactly
+once, nothing is stalled, no lock is reported lost, no move is refused, and
+nothing is left in ``active``.
+
+CI runs a few examples per engine; ``make fuzz`` runs more
+(``BULLMQ_EXAMPLES``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from bullmq.custom_errors import DelayedError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.bullmq.harness import OUTCOMES, Bench, wait_until
+
+#: BullMQ's ``lockDuration``, in milliseconds; renewal every half of it.
+LOCK_MS = 1000
+#: Examples per engine.
+EXAMPLES = int(os.environ.get("BULLMQ_EXAMPLES", "3"))
+#: Most processors that block the loop in one example (each blocks up to 3 locks).
+MOST_BLOCKERS = 2
+#: Longest wait for every job to finish, in seconds, past the blocks themselves.
+SETTLE_S = 15.0
+
+#: Worker B: checks for stalled jobs twice per lock duration, takes none itself.
+CHECKER = {"lockDuration": LOCK_MS, "stalledInterval": LOCK_MS // 2, "paused": True}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one job's processor does."""
+
+    #: Async work, in milliseconds (the loop stays free).
+    work_ms: int
+    #: Move itself to delayed on its first attempt, then raise ``DelayedError``.
+    delays: bool
+    #: Where the processor blocks the loop: "start", "end", "after_move" or "".
+    block_at: str
+    #: How long it blocks, in milliseconds.
+    block_ms: int
+
+
+blocks = st.sampled_from([LOCK_MS // 2, LOCK_MS, 2 * LOCK_MS, 3 * LOCK_MS])
+
+
+@st.composite
+def plans(draw: st.DrawFn) -> list[Plan]:
+    count = draw(st.integers(1, 8))
+    drawn = []
+    for _ in range(count):
+        delays = draw(st.booleans())
+        moments = ["", "start", "end", *(["after_move"] if delays else [])]
+        drawn.append(
+            Plan(
+                work_ms=draw(st.sampled_from([0, 20, 150, 600])),
+                delays=delays,
+                block_at=draw(st.sampled_from(moments)),
+                block_ms=draw(blocks),
+            )
+        )
+    # At most a few blockers: each one holds the whole worker up.
+    blockers = [i for i, plan in enumerate(drawn) if plan.block_at]
+    for i in blockers[MOST_BLOCKERS:]:
+        drawn[i] = Plan(drawn[i].work_ms, drawn[i].delays, "", 0)
+    return drawn
+
+
+def run_schedule(bench: Bench, concurrency: int, schedule: list[Plan]) -> None:
+    runs: dict[str, list[int]] = {}
+
+    async def process(job: Any, token: str) -> str:
+        plan = schedule[job.data["plan"]]
+        attempt = len(runs.setdefault(str(job.id), [])) + 1
+        runs[str(job.id)].append(attempt)
+        if plan.block_at == "start" and attempt == 1:
+            time.sleep(plan.block_ms / 1000)
+        await asyncio.sleep(plan.work_ms / 1000)
+        if plan.delays and attempt == 1:
+            await job.moveToDelayed(int(time.time() * 1000) + 50, token)
+            if plan.block_at == "after_move":
+                time.sleep(plan.block_ms / 1000)
+            raise DelayedError()
+        if plan.block_at == "end":
+            time.sleep(plan.block_ms / 1000)
+        return "done"
+
+    ids = [bench.add_job({"plan": i}) for i in range(len(schedule))]
+    options = {"lockDuration": LOCK_MS, "concurrency": concurrency}
+    started = time.monotonic()
+    a = bench.start_worker(f"A{ids[0]}", process, options, actor=True)
+    blocked_s = sum(plan.block_ms for plan in schedule if plan.block_at) / 1000
+    try:
+        wait_until(
+            lambda: all("finishedOn" in bench.job(job_id) for job_id in ids),
+            blocked_s + SETTLE_S,
+            "every job to finish",
+        )
+        wait_until(lambda: not a.busy(), SETTLE_S, "worker A to finish")
+    finally:
+        a.close()
+    elapsed = time.monotonic() - started
+
+    # Every job ran once (twice when it moved itself to delayed first),
+    assert {job_id: runs.get(job_id) for job_id in ids} == {
+        job_id: ([1, 2] if schedule[i].delays else [1]) for i, job_id in enumerate(ids)
+    }
+    # and completed once: nothing stalled, nothing lost, no move refused,
+    completed = sorted(str(event.args[0].id) for event in a.events.of("completed"))
+    assert completed == sorted(ids)
+    assert a.events.of("failed") == []
+    assert a.events.of("stalled") == []
+    assert a.events.of("lockRenewalFailed") == []
+    assert a.events.of("error") == []
+    for job_id in ids:
+        job = bench.job(job_id)
+        assert job.get("stc", "0") == "0", job_id
+        assert "returnvalue" in job, job_id
+    # and nothing is left active.
+    assert bench.client.llen(bench.key("active")) == 0
+
+    OUTCOMES.add(
+        "generated schedules",
+        engine=bench.engine,
+        concurrency=concurrency,
+        jobs=len(ids),
+        delayed=sum(plan.delays for plan in schedule),
+        blocked_ms=[plan.block_ms for plan in schedule if plan.block_at],
+        block_at=[plan.block_at for plan in schedule if plan.block_at],
+        runs=sum(len(r) for r in runs.values()),
+        stalled=0,
+        lost=0,
+        seconds=round(elapsed, 1),
+    )
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(concurrency=st.integers(1, 8), schedule=plans())
+def test_every_job_runs_once_whatever_blocks_the_loop(
+    bench: Bench, concurrency: int, schedule: list[Plan]
+) -> None:
+    # One queue and one stalled checker serve every example of the engine.
+    if not bench.peers():
+        bench.start_peer("B", CHECKER)
+    run_schedule(bench, concurrency, schedule)
+    (checker,) = bench.peers()
+    assert checker.stalled_ids() == []
+    assert checker.runs() == []
