@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck docs docs-check bench soak faults fuzz clean
+.PHONY: demo test lint typecheck docs docs-check bench soak faults fuzz bullmq-compat clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,9 +40,14 @@ docs-check: docs
 bench: $(STAMP)
 	$(BIN)/python -m pytest -m bench -s -p no:randomly tests/bench
 
-## fuzz: the API fuzz at a longer profile (1000 examples; CI runs 150)
+## fuzz: the API fuzz (1000 examples; CI runs 150) and the bullmq schedules (25 per engine; CI runs 3)
 fuzz: $(STAMP)
 	FUZZ_EXAMPLES=1000 $(BIN)/python -m pytest -p no:randomly tests/fuzz
+	BULLMQ_EXAMPLES=25 $(BIN)/python -m pytest -p no:randomly -rA tests/bullmq/test_generated.py
+
+## bullmq-compat: bullmq-py's own tests, stock and with the integration (BULLMQ_TESTS=path/to/python/tests)
+bullmq-compat: $(STAMP)
+	$(BIN)/python -m tests.compat.run $(BULLMQ_TESTS)
 
 ## faults: the fault suite and its results table
 faults: $(STAMP)

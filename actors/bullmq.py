@@ -50,6 +50,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import msgpack
+import pykka
 import redis
 import redis.asyncio
 
@@ -87,6 +88,9 @@ _MOVES: tuple[tuple[str, object], ...] = (
     ("moveToDelayed", _NEVER),
     ("moveToWaitingChildren", False),
 )
+
+#: Longest wait for the manager to stop when the worker closes, in seconds.
+_STOP_S = 10.0
 
 #: The script that takes a job and its lock.
 _FETCH = "moveToActive"
@@ -396,7 +400,15 @@ class ActorLockManager:
 
         def release() -> None:
             if manager is not None:
-                actors.stop(manager)
+                try:
+                    actors.stop(manager, timeout=_STOP_S)
+                except pykka.Timeout:
+                    # The worker's close must end: say so, and leave the
+                    # manager's daemon threads to the process.
+                    raise TimeoutError(
+                        f"the lock manager of queue {self._keys.name!r} did not stop within "
+                        f"{_STOP_S:.0f} s"
+                    ) from None
             if fetcher is not None:
                 fetcher.close()
             if conn is not None:

@@ -8,7 +8,9 @@ lock key with a client of its own, and reads the job's hash as BullMQ wrote it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import io
 import json
 import subprocess
 import sys
@@ -133,26 +135,67 @@ class RunningWorker:
         return self.loop.call(busy)
 
     def close(self) -> None:
-        """Close the worker, wait for its run loop to end, then stop its loop thread."""
+        """Close the worker, wait for its run loop to end, then stop its loop thread.
+
+        A close that hangs fails the test with the stack of every task on the
+        worker's loop, after the worker is closed by force and every task is
+        cancelled: nothing of it (a client, a task) outlives the test to fail
+        the next one.
+        """
         task = self.task
+        hung: list[str] = []
 
         async def close() -> None:
             try:
-                await self.worker.close()
-            finally:
-                # Leave no run() behind on a loop about to close, whatever happened.
-                try:
-                    await asyncio.wait_for(asyncio.shield(task), REQUEST_S)
-                except BaseException:
-                    task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
-                    raise
+                await asyncio.wait_for(asyncio.shield(self.worker.close()), CLOSE_S)
+            except asyncio.TimeoutError:
+                hung.extend(_task_stacks())
+                await _force_close(self.worker)
+            # Leave no run() behind on a loop about to close, whatever happened.
+            try:
+                await asyncio.wait_for(asyncio.shield(task), CLOSE_S)
+            except BaseException:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                raise
 
         try:
             if not self.loop.loop.is_closed():
-                self.loop.call(close)
+                self.loop.call(close, timeout=3 * CLOSE_S)
         finally:
             self.loop.close()
+        if hung:
+            raise AssertionError(
+                f"worker.close() did not return within {CLOSE_S:.0f}s; its loop's tasks:\n"
+                + "\n".join(hung)
+            )
+
+
+#: Longest wait for a worker's graceful close, in seconds.
+CLOSE_S = 20.0
+
+
+def _task_stacks() -> list[str]:
+    """The stack of every other task on the running loop, for a hang's report."""
+    stacks = []
+    for other in asyncio.all_tasks():
+        if other is not asyncio.current_task():
+            stack = io.StringIO()
+            other.print_stack(file=stack)
+            stacks.append(stack.getvalue())
+    return stacks
+
+
+async def _force_close(worker: Any) -> None:
+    """Close ``worker`` by force, cancel every other task and close its connections."""
+    with contextlib.suppress(BaseException):
+        await asyncio.wait_for(worker.close(force=True), CLOSE_S)
+    others = [other for other in asyncio.all_tasks() if other is not asyncio.current_task()]
+    for other in others:
+        other.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
+    with contextlib.suppress(BaseException):
+        await worker.backend.close(force=True)
 
 
 #: The script of a worker in a process of its own.
