@@ -336,16 +336,27 @@ def test_a_failed_tick_is_an_error_with_its_cause(
     # When a tick fails
     tick(manager)
 
-    # Then one ERROR names the queue and the cause, with its traceback, and on_error got it
+    # Then one ERROR names the queue and the cause, with its traceback, and on_error got it;
+    # being the manager's first failure, one more ERROR says which server it cannot reach.
     records = actors_records(caplog, logging.WARNING)
-    assert [r.levelno for r in records] == [logging.ERROR]
-    message = records[0].getMessage()
-    assert keys.name in message
-    assert "ConnectionError" in message
-    assert records[0].exc_info is not None
-    assert isinstance(records[0].exc_info[1], redis.ConnectionError)
+    assert [r.levelno for r in records] == [logging.ERROR, logging.ERROR]
+    (failure,) = [r for r in records if r.exc_info is not None]
+    (unreachable,) = [r for r in records if r is not failure]
+    assert keys.name in failure.getMessage()
+    assert "ConnectionError" in failure.getMessage()
+    assert isinstance(failure.exc_info[1], redis.ConnectionError)  # type: ignore[index]
+    assert "cannot reach" in unreachable.getMessage()
+    assert keys.name in unreachable.getMessage()
     assert len(errors) == 1
     assert isinstance(errors[0], redis.ConnectionError)
+
+    # and a second failed tick logs its ERROR without a traceback, and names no server again.
+    caplog.clear()
+    clock.advance(THRESHOLD + 1)
+    tick(manager)
+    (again,) = actors_records(caplog, logging.WARNING)
+    assert again.exc_info is None
+    assert "cannot reach" not in again.getMessage()
 
 
 # -- OpenTelemetry ---------------------------------------------------------
