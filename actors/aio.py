@@ -21,13 +21,13 @@ Inside an ``async`` job, hold a lock with ``async with actors.lease(...)``
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pykka
 
 from actors import api
+from actors._loop import call_in_loop, set_exception, set_result
 from actors.messages import (
     GetActiveJobCount,
     GetStats,
@@ -104,8 +104,7 @@ async def answer(
 def _wake(loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[T], done: Answer[T]) -> None:
     # On the thread that answered (the manager's): hand the answer to the loop.
     # The loop may have closed since: nobody is left to tell.
-    with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(_settle, waiter, done)
+    call_in_loop(loop, _settle, waiter, done)
 
 
 def _settle(waiter: asyncio.Future[T], future: pykka.Future[T]) -> bool:
@@ -118,9 +117,9 @@ def _settle(waiter: asyncio.Future[T], future: pykka.Future[T]) -> bool:
         return False
     except BaseException as exc:
         # Whatever it is, it belongs to the awaiting task.
-        waiter.set_exception(exc)
+        set_exception(waiter, exc)
     else:
-        waiter.set_result(value)
+        set_result(waiter, value)
     return True
 
 
@@ -258,5 +257,4 @@ async def stop(manager: ManagerRef, *, timeout: float | None = None) -> bool:
         # not waited for, as by actors.stop, since no other thread may wait
         # for a manager that may itself be waiting for this one.
         return api.stop(ref)
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(None, functools.partial(api.stop, ref, timeout=timeout))
+    return await asyncio.to_thread(api.stop, ref, timeout=timeout)

@@ -24,7 +24,7 @@ from redis.connection import parse_url
 
 from actors.connection import client_for_url, command_timeout, redacted_url
 from actors.keys import DEFAULT_PREFIX, QueueKeys
-from actors.schedule import MIN_REDIS_LOCK_DURATION, Timing
+from actors.schedule import MIN_REDIS_LOCK_DURATION, Timing, monotonic_ms, next_deadline
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -475,7 +475,7 @@ def _run_locks(args: argparse.Namespace, prog: str, out: TextIO, err: TextIO) ->
     every, hint = args.watch, None
     watch, clear = Watch(), (_CLEAR if out.isatty() else "\n")
     conn = client_for_url(args.url, timeout=CONNECT_TIMEOUT_SECONDS)
-    start, frames = time.monotonic(), 0
+    deadline, frames = monotonic_ms(), 0
     try:
         while True:
             try:
@@ -501,10 +501,11 @@ def _run_locks(args: argparse.Namespace, prog: str, out: TextIO, err: TextIO) ->
             stamp = datetime.now().strftime("%H:%M:%S")
             out.write(f"{clear}{stamp}  every {every:g} s, Ctrl-C to stop\n{frame}")
             out.flush()
-            # Refreshes keep a fixed grid, so the time a read takes does not
-            # stretch the period; a late one skips to the next slot.
-            frames = max(frames + 1, math.ceil((time.monotonic() - start) / every))
-            time.sleep(max(0.0, start + frames * every - time.monotonic()))
+            # Refreshes keep the manager's fixed grid, so the time a read
+            # takes does not stretch the period.
+            frames += 1
+            deadline = next_deadline(deadline, max(1, round(every * 1000)), monotonic_ms())
+            time.sleep(max(0, deadline - monotonic_ms()) / 1000)
     except KeyboardInterrupt:
         if every is None:
             raise

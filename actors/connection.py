@@ -16,13 +16,19 @@ from __future__ import annotations
 import inspect
 import logging
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
 from redis.backoff import NoBackoff
-from redis.crc import key_slot
 from redis.retry import Retry
+
+from actors.describe import (
+    connection_kwargs,
+    describe_connection,
+    redacted_url,
+    unreachable_message,
+)
+from actors.keys import check_cluster_keys, hash_slot
 
 if TYPE_CHECKING:
     from actors.keys import QueueKeys
@@ -250,25 +256,15 @@ def is_cluster(conn: object) -> bool:
     return isinstance(conn, redis.RedisCluster)
 
 
-def _connection_kwargs(conn: object) -> dict[str, Any]:
-    # A one-server client keeps them on its pool, a cluster client on its nodes manager.
-    pool = getattr(conn, "connection_pool", None)
-    kwargs = getattr(pool, "connection_kwargs", None)
-    if kwargs is None:
-        nodes = getattr(conn, "nodes_manager", None)
-        kwargs = getattr(nodes, "connection_kwargs", None) or {}
-    return dict(kwargs)
-
-
 def socket_timeout(conn: object) -> float | None:
     """Return the socket timeout a client was built with, in seconds, or ``None``."""
-    value = _connection_kwargs(conn).get("socket_timeout")
+    value = connection_kwargs(conn).get("socket_timeout")
     return float(value) if value is not None else None
 
 
 def encoding(conn: object) -> str:
     """Return the encoding a client uses for keys and arguments (``"utf-8"`` by default)."""
-    return str(_connection_kwargs(conn).get("encoding", "utf-8"))
+    return str(connection_kwargs(conn).get("encoding", "utf-8"))
 
 
 def check_client(conn: object, keys: QueueKeys, interval_ms: int) -> None:
@@ -323,108 +319,4 @@ def check_client(conn: object, keys: QueueKeys, interval_ms: int) -> None:
         interval_ms,
         limit,
         fix,
-    )
-
-
-def hash_slot(key: str) -> int:
-    """Return the Redis Cluster hash slot (0-16383) of ``key``."""
-    return int(key_slot(key.encode("utf-8")))
-
-
-def check_cluster_keys(keys: QueueKeys) -> None:
-    """Check that all of a queue's keys share one Redis Cluster hash slot.
-
-    The renewal script touches lock keys it does not declare in KEYS, which a
-    cluster only allows when they hash to the slot of its one declared key.
-
-    Raises:
-        ValueError: The queue name and prefix carry no hash tag.
-    """
-    if keys.hash_tag is None:
-        raise ValueError(
-            f"queue keys {keys.base!r} do not share one hash slot, so the renewal script "
-            f"cannot run on a Redis Cluster: put a hash tag in the queue name or the prefix, "
-            f"as in QueueKeys('{{{keys.name}}}', prefix={keys.prefix!r}), which gives "
-            f"'{keys.prefix}:{{{keys.name}}}:<job_id>:lock' (the same rule as BullMQ's "
-            f"'{{queue}}' names)"
-        )
-
-
-def redacted_url(url: str) -> str:
-    """Return ``url`` with its password, if any, replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return "<a URL that does not parse>"
-    if password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
-
-
-def describe_connection(conn: object) -> str:
-    """Return the server a client or URL reaches, as a URL with the password masked.
-
-    For log lines and errors: ``rediss://user:***@host:6380/2``,
-    ``unix:///run/redis.sock?db=0``, or the first startup node of a cluster
-    client. A client whose pool does not name its server (a Sentinel-managed
-    one) is described by its type.
-    """
-    if isinstance(conn, str):
-        return redacted_url(conn)
-    if isinstance(conn, (redis.RedisCluster, redis.asyncio.RedisCluster)):
-        nodes = getattr(conn, "startup_nodes", None) or getattr(
-            getattr(conn, "nodes_manager", None), "startup_nodes", None
-        )
-        first = next(iter(nodes.values() if isinstance(nodes, dict) else nodes or []), None)
-        kwargs = _connection_kwargs(conn)
-        where = f"{first.host}:{first.port}" if first is not None else "?"
-        return f"{_scheme_auth('redis', kwargs)}{where} (cluster)"
-    pool = getattr(conn, "connection_pool", None)
-    kwargs = dict(getattr(pool, "connection_kwargs", None) or {})
-    kind = getattr(pool, "connection_class", None)
-    db = kwargs.get("db", 0)
-    if kwargs.get("path"):
-        user = kwargs.get("username")
-        password = "" if kwargs.get("password") is None else "&password=***"
-        auth = f"{quote(user)}@" if user else ""
-        return f"unix://{auth}{quote(str(kwargs['path']))}?db={db}{password}"
-    if kwargs.get("host"):
-        ssl = kind in (redis.SSLConnection, redis.asyncio.SSLConnection)
-        scheme = "rediss" if ssl else "redis"
-        return f"{_scheme_auth(scheme, kwargs)}{kwargs['host']}:{kwargs.get('port', 6379)}/{db}"
-    return f"a {type(conn).__module__}.{type(conn).__qualname__} client"
-
-
-def _scheme_auth(scheme: str, kwargs: dict[str, Any]) -> str:
-    user = kwargs.get("username") or ""
-    if kwargs.get("password") is not None:
-        return f"{scheme}://{quote(user)}:***@"
-    if user:
-        return f"{scheme}://{quote(user)}@"
-    return f"{scheme}://"
-
-
-def unreachable_message(conn: object, queue: str, exc: BaseException) -> str:
-    """Say that a manager cannot reach its server, where it looked, and what to check.
-
-    Args:
-        conn: The manager's client (or URL).
-        queue: The queue's name.
-        exc: The connection error or timeout.
-    """
-    where = describe_connection(conn)
-    cause = " ".join(f"{type(exc).__name__}: {exc}".split())
-    if isinstance(exc, redis.AuthenticationError):
-        check = "the username and password"
-    else:
-        check = (
-            "that the server runs and listens there, that host, port and database are "
-            "right (unix:// for a socket, rediss:// for TLS), and that no firewall is in the way"
-        )
-    return (
-        f"LockManager for queue {queue!r} cannot reach its Redis server at {where} "
-        f"({cause}); check {check}. Its locks are not renewed until it can: every tick "
-        f"tries again"
     )

@@ -6,18 +6,14 @@ No root, no system package and no container is needed. The server listens on
 a free loopback port, keeps its files in a temporary folder and runs in the
 foreground as a child process, so it can be paused, killed and restarted.
 
-A server never outlives its owner: a small keeper process (this file, run as
-a script) holds one end of a pipe whose other end only the owner holds. When
-the owner ends in any way (``stop()``, an exception, SIGTERM, SIGKILL, a CI
-timeout), the pipe closes; the keeper then kills the server it was last told
-of and removes the temporary folder.
+A server never outlives its owner: a keeper process (:mod:`actors._keeper`)
+kills it once the owner is gone, however the owner ends.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import select
 import shutil
 import signal
 import socket
@@ -29,11 +25,26 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from actors import _keeper
+from actors._keeper import KEEPER_WAIT_S
+
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
     from types import TracebackType
 
-__all__ = ["ENGINES", "EmbeddedServer", "Engine", "free_port", "server_binary", "server_url"]
+__all__ = [
+    "ENGINES",
+    "KEEPER_WAIT_S",
+    "EmbeddedServer",
+    "Engine",
+    "free_port",
+    "server_binary",
+    "server_url",
+]
 
 Engine = Literal["valkey", "redis"]
 
@@ -75,71 +86,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-#: Most seconds the keeper waits for a killed server to be gone before removing its folder.
-KEEPER_WAIT_S = 5.0
-
-
-def _keep(folder: str | None) -> None:
-    """Run the keeper: end the last server named on stdin once stdin closes.
-
-    Each line on stdin is the pid of the server now running, ``0`` for none.
-    End of input means the owner is gone (or has stopped the server): the
-    server named last is killed, and ``folder``, when given, removed.
-    """
-    # A Ctrl-C reaches every process of the terminal's group; the keeper
-    # acts once its owner is gone, not before.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    handle: int | None = None
-    pid = 0
-    for line in sys.stdin.buffer:
-        if handle is not None:
-            os.close(handle)
-            handle = None
-        pid = int(line)
-        if pid and hasattr(os, "pidfd_open"):
-            # Opened while the owner has not yet reaped the server: the
-            # handle names that very process, whatever pid is reused later.
-            with contextlib.suppress(OSError):
-                handle = os.pidfd_open(pid)
-    if pid:
-        _end(pid, handle)
-    if folder:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _end(pid: int, handle: int | None) -> None:
-    """Kill the server ``pid`` (through its ``handle`` when there is one) and await its end."""
-    try:
-        if handle is not None:
-            signal.pidfd_send_signal(handle, signal.SIGKILL)
-            # A process handle becomes readable once the process has ended.
-            select.select([handle], [], [], KEEPER_WAIT_S)
-            return
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + KEEPER_WAIT_S
-    while time.monotonic() < deadline and _exists(pid):
-        time.sleep(0.01)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _ping(host: str, port: int, timeout: float) -> bool:
+    # No retry: the caller polls, and a server still loading its data answers
+    # with an error, which is a "not yet".
+    client = redis.Redis(
+        host,
+        port,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+    )
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(64).startswith(b"+PONG")
-    except OSError:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
         return False
+    finally:
+        client.close()
 
 
 class EmbeddedServer:
@@ -275,11 +237,11 @@ class EmbeddedServer:
         if self._keeper is not None and self._keeper.poll() is None:
             return
         folder = [str(self.data_dir)] if self._owns_dir else []
-        # -I: this file alone, run as a script; nothing of the package, or of
-        # the owner's environment, is imported. Its own session: a signal to
-        # the owner's process group (a CI timeout) leaves it to clean up.
+        # -I: the keeper's file alone, run as a script; nothing of the package,
+        # or of the owner's environment, is imported. Its own session: a signal
+        # to the owner's process group (a CI timeout) leaves it to clean up.
         self._keeper = subprocess.Popen(
-            [sys.executable, "-I", os.path.abspath(__file__), *folder],
+            [sys.executable, "-I", _keeper.__file__, *folder],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -353,7 +315,3 @@ def server_url(engine: str = "valkey") -> Iterator[str]:
         return
     with EmbeddedServer(engine) as server:
         yield server.url
-
-
-if __name__ == "__main__":
-    _keep(sys.argv[1] if len(sys.argv) > 1 else None)

@@ -1,20 +1,44 @@
 """Key names of one queue, as every EchoMQ and BullMQ runtime spells them.
 
-Pure string building, both ways: a job id to its lock key and back. Nothing
-here talks to Redis.
+Pure string building, both ways: a job id to its lock key and back, and the
+Redis Cluster rules those names must follow. Nothing here talks to Redis.
 """
 
 from __future__ import annotations
 
+from redis.crc import key_slot
+
 from actors.validation import require_text
 
-__all__ = ["DEFAULT_PREFIX", "LOCK_SUFFIX", "QueueKeys", "hash_tag"]
+__all__ = [
+    "DEFAULT_PREFIX",
+    "LOCK_SUFFIX",
+    "QueueKeys",
+    "check_cluster_keys",
+    "hash_slot",
+    "hash_tag",
+    "lock_key",
+]
 
 #: The prefix EchoMQ puts before every queue's keys. BullMQ uses ``"bull"``.
 DEFAULT_PREFIX = "emq"
 
 #: What ends every lock key: ``{prefix}:{queue}:{job_id}:lock``.
 LOCK_SUFFIX = ":lock"
+
+
+def lock_key(key_prefix: str, job_id: str) -> str:
+    """Return the lock key of ``job_id`` exactly as ``extendLocks-1.lua`` builds it.
+
+    No check: for ids that came back from the server as they were sent.
+    :meth:`QueueKeys.lock` checks the id first.
+    """
+    return key_prefix + job_id + LOCK_SUFFIX
+
+
+def hash_slot(key: str) -> int:
+    """Return the Redis Cluster hash slot (0-16383) of ``key``."""
+    return int(key_slot(key.encode("utf-8")))
 
 
 def hash_tag(key: str) -> str | None:
@@ -150,7 +174,7 @@ class QueueKeys:
             TypeError: ``job_id`` is not a ``str``.
             ValueError: ``job_id`` is not a valid id (empty, not UTF-8, too long).
         """
-        return f"{self._key_prefix}{require_text(job_id, 'job_id')}{LOCK_SUFFIX}"
+        return lock_key(self._key_prefix, require_text(job_id, "job_id"))
 
     def job_id(self, lock_key: str | bytes) -> str | None:
         """Return the job id of one of this queue's lock keys, or ``None``.
@@ -178,6 +202,25 @@ class QueueKeys:
 
     def __hash__(self) -> int:
         return hash((QueueKeys, self._name, self._prefix))
+
+
+def check_cluster_keys(keys: QueueKeys) -> None:
+    """Check that all of a queue's keys share one Redis Cluster hash slot.
+
+    The renewal script touches lock keys it does not declare in KEYS, which a
+    cluster only allows when they hash to the slot of its one declared key.
+
+    Raises:
+        ValueError: The queue name and prefix carry no hash tag.
+    """
+    if keys.hash_tag is None:
+        raise ValueError(
+            f"queue keys {keys.base!r} do not share one hash slot, so the renewal script "
+            f"cannot run on a Redis Cluster: put a hash tag in the queue name or the prefix, "
+            f"as in QueueKeys('{{{keys.name}}}', prefix={keys.prefix!r}), which gives "
+            f"'{keys.prefix}:{{{keys.name}}}:<job_id>:lock' (the same rule as BullMQ's "
+            f"'{{queue}}' names)"
+        )
 
 
 _GLOB_SPECIAL = frozenset("\\*?[]{}^-")

@@ -1,22 +1,22 @@
-"""The seam between the manager and the store its locks live in.
+"""The renewer every manager uses unless told otherwise: the shared script on Redis.
 
-A manager renews through a :class:`Renewer`: given due ids and their tokens,
-renew what is still held and say what happened. :class:`RedisRenewer` is the
-one every manager uses unless told otherwise: the shared script, chunked and
-pipelined by :func:`actors.scripts.renew_batch`. Another backend (or a test's
-in-memory lock table) plugs in through ``start_link(renewer=...)``.
+:class:`RedisRenewer` fills the seam of :mod:`actors.outcome` with
+:func:`actors.scripts.renew_batch`: chunked, pipelined, read back when a lock
+was lost. :class:`~actors.outcome.Renewer` and
+:class:`~actors.outcome.BatchOutcome` stay importable from here.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from actors.connection import check_client, client_for_url, unreachable_message
+from actors.outcome import BatchOutcome, Renewer
 from actors.schedule import check_lock_duration
-from actors.scripts import DEFAULT_MAX_BATCH, BatchOutcome, renew_batch
+from actors.scripts import DEFAULT_MAX_BATCH, renew_batch
 from actors.validation import require_int
 
 if TYPE_CHECKING:
@@ -28,26 +28,6 @@ if TYPE_CHECKING:
 __all__ = ["BatchOutcome", "RedisRenewer", "Renewer"]
 
 logger = logging.getLogger("actors.lock_manager")
-
-
-class Renewer(Protocol):
-    """Renews a batch of locks for one manager, on the manager's thread."""
-
-    def __call__(self, job_ids: Sequence[str], tokens: Sequence[str]) -> BatchOutcome:
-        """Renew ``job_ids`` held with ``tokens``.
-
-        Returns:
-            The ids whose lock is lost (with their reasons, when known), and
-            the parts of the batch whose state is unknown.
-
-        Raises:
-            Exception: Nothing is known to have run; every job is retried.
-        """
-        ...
-
-    def close(self) -> None:
-        """Release what the renewer owns; called once when the manager stops."""
-        ...
 
 
 class RedisRenewer:

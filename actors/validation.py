@@ -9,12 +9,16 @@ type that is out of range is a ``ValueError``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = [
     "MAX_DURATION_MS",
     "MAX_TEXT_BYTES",
     "is_valid_text",
+    "require_batch",
     "require_callback",
     "require_int",
     "require_text",
@@ -108,3 +112,33 @@ def require_callback(value: Any, argument: str) -> None:
     """
     if value is not None and not callable(value):
         raise TypeError(f"{argument} must be callable or None, got {type(value).__name__}")
+
+
+def require_batch(
+    job_ids: Sequence[str], tokens: Sequence[str], duration: int, *, each: bool = True
+) -> None:
+    """Check the arguments of one batched renewal before anything is sent.
+
+    Args:
+        job_ids: The ids to renew.
+        tokens: Each id's token, in the same order.
+        duration: The TTL to set, in milliseconds.
+        each: Check every id and token too; a caller that checked them when
+            they were tracked passes ``False`` to save a pass over the batch.
+
+    Raises:
+        TypeError: ``duration`` is not an ``int``.
+        ValueError: The lengths differ, ``duration`` is not positive, or an
+            id or token is not a non-empty ``str``.
+    """
+    if len(job_ids) != len(tokens):
+        raise ValueError(
+            f"job_ids and tokens must have the same length, got {len(job_ids)} and {len(tokens)}"
+        )
+    require_int(duration, "duration")
+    if not each:
+        return
+    for argument, values in (("job_ids", job_ids), ("tokens", tokens)):
+        for value in values:
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{argument} must be non-empty str, got {value!r}")

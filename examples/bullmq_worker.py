@@ -5,7 +5,8 @@ lock runs out during the sleep, the worker cannot complete the job ("Missing
 lock for job 1") and a stalled check runs it again. ``use_actor_lock_manager``
 renews from a thread: the job runs once. A lost lock aborts the signal.
 
-Run it with ``python examples/bullmq_worker.py``; it starts a private server.
+Run it with ``python examples/bullmq_worker.py``; it uses ``REDIS_URL`` or
+starts a private server.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from bullmq.abort_controller import AbortError
 
 import actors
 from actors.bullmq import use_actor_lock_manager
-from actors.embedded import EmbeddedServer
+from actors.embedded import server_url
 
 __all__ = ["main", "run"]
 
@@ -68,9 +69,9 @@ async def run(url: str, lock_ms: int = 1000) -> dict[str, Any]:
 
 
 def main() -> int:
-    """Run on a private server and print the job's outcome."""
-    with EmbeddedServer() as server:
-        outcome = asyncio.run(run(server.url))
+    """Run on ``REDIS_URL``, or a private server, and print the job's outcome."""
+    with server_url() as url:
+        outcome = asyncio.run(run(url))
     print(outcome)
     return 0 if outcome["attempts_started"] == 1 and outcome["lost"] == 0 else 1
 

@@ -1,7 +1,8 @@
 """A job actor, tracked with ``notify=self.actor_ref``, is told ``LockLost`` in its mailbox.
 
 It works one step per message, so it reads the news right after the step in
-progress. Run it with ``python examples/lease_actor.py`` (starts a server).
+progress. Run it with ``python examples/lease_actor.py`` (``REDIS_URL``, or a
+private server).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pykka
 import redis
 
 import actors
-from actors.embedded import EmbeddedServer
+from actors.embedded import server_url
 
 LOCK_MS = 1000  #: Lock TTL, in milliseconds: short, so the example ends soon.
 KEYS = actors.QueueKeys("actor-jobs")
@@ -66,5 +67,5 @@ def run(url: str) -> list[str]:
 
 
 if __name__ == "__main__":
-    with EmbeddedServer() as server:
-        print(run(server.url))
+    with server_url() as url:
+        print(run(url))

@@ -4,7 +4,8 @@ The job's work and the lease's ``wait_async()`` race; whichever ends first
 wins. Nothing here blocks the event loop: the lease's exit and the query at
 the end await the manager through :mod:`actors.aio`.
 
-Run it with ``python examples/lease_asyncio.py``; it starts a private server.
+Run it with ``python examples/lease_asyncio.py``; it uses ``REDIS_URL`` or starts
+a private server.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import redis
 
 import actors
 from actors import aio, lease
-from actors.embedded import EmbeddedServer
+from actors.embedded import server_url
 
 #: Lock TTL, in milliseconds: short, so the example ends in about a second.
 LOCK_MS = 1000
@@ -56,5 +57,5 @@ async def run(url: str) -> tuple[str, int]:
 
 
 if __name__ == "__main__":
-    with EmbeddedServer() as server:
-        print(asyncio.run(run(server.url)))
+    with server_url() as url:
+        print(asyncio.run(run(url)))

@@ -1,6 +1,7 @@
 """A job on a thread holds its lock with a lease and stops as soon as it is lost.
 
-Run it with ``python examples/lease_thread.py``; it starts a private server.
+Run it with ``python examples/lease_thread.py``; it uses ``REDIS_URL`` or starts a
+private server.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import redis
 
 import actors
 from actors import lease
-from actors.embedded import EmbeddedServer
+from actors.embedded import server_url
 
 #: Lock TTL, in milliseconds: short, so the example ends in about a second.
 LOCK_MS = 1000
@@ -50,6 +51,6 @@ def run(url: str, steps: int = 30, steal_at: int | None = 5) -> tuple[int, str |
 
 
 if __name__ == "__main__":
-    with EmbeddedServer() as server:
-        steps, why = run(server.url)
+    with server_url() as url:
+        steps, why = run(url)
     print(f"did {steps} steps; lock lost: {why}")

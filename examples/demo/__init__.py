@@ -1,6 +1,7 @@
 """The demo: a supervisor tree renewing job locks, with a live view.
 
-It runs the tree of ``examples/supervisor_tree.py`` on a private server (or
+It runs the tree of ``examples/supervisor_tree.py`` (its fuller form,
+:mod:`examples.demo.supervision`) on a private server (or
 ``REDIS_URL``) with jobs whose work outlasts the lock's TTL several times, and
 shows each job's state, its lock's remaining TTL as the server reports it
 (PTTL), its renewals and the manager's ticks. Mid-way another worker takes

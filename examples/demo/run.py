@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import redis
 
 import actors
-from examples import supervisor_tree
+from examples.demo import supervision
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -113,7 +113,7 @@ class Frame:
     """The tree and the manager at one moment, for the view."""
 
     at: float
-    children: dict[str, supervisor_tree.Child]
+    children: dict[str, supervision.Child]
     #: Everything so far, in time order.
     events: list[Event]
     stats: actors.Stats
@@ -125,7 +125,7 @@ class Outcome:
 
     started: float
     ended: float
-    children: dict[str, supervisor_tree.Child]
+    children: dict[str, supervision.Child]
     events: list[Event]
     ticks: list[float]
     batches: dict[int, int]
@@ -140,7 +140,7 @@ def _evalsha_calls(client: redis.Redis) -> int:
     return int(stats.get("calls", 0)) - int(stats.get("failed_calls", 0))
 
 
-def _events(reports: list[supervisor_tree.Report], hooks: Hooks) -> list[Event]:
+def _events(reports: list[supervision.Report], hooks: Hooks) -> list[Event]:
     tree = [Event(r.at, r.job_id, r.kind, r.detail) for r in reports]
     return sorted(tree + list(hooks.events))
 
@@ -172,10 +172,10 @@ def run(url: str, config: Config, show: Callable[[Frame], None] | None = None) -
         on_lock_renewal_failed=hooks.lost,
         timer=hooks.timer,
     )
-    # Step 2: the tree of examples/supervisor_tree.py, one actor per job.
-    setup = supervisor_tree.Setup(manager, client, KEYS, lock_ms, config.work, config.step_ms)
+    # Step 2: the supervision tree (demo/supervision.py), one actor per job.
+    setup = supervision.Setup(manager, client, KEYS, lock_ms, config.work, config.step_ms)
     job_ids = [f"job-{n}" for n in range(1, config.jobs + 1)]
-    tree = supervisor_tree.Supervisor.start(job_ids, setup).proxy()
+    tree = supervision.Supervisor.start(job_ids, setup).proxy()
     started, provoked = time.monotonic(), False
     # The slowest path: provoked, its lock runs out, the work done again; thrice that.
     deadline = started + 3 * (config.provoke_s + (2 * lock_ms + config.work) / 1000)

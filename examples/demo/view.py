@@ -13,13 +13,13 @@ from rich.text import Text
 
 import actors
 from examples.demo.run import KEYS
-from examples.supervisor_tree import ProvokedCrash
+from examples.demo.supervision import ProvokedCrash
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
     from examples.demo.run import Config, Event, Frame
-    from examples.supervisor_tree import Child
+    from examples.demo.supervision import Child
 
 STYLE = {
     "acquired": "green",

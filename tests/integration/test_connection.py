@@ -230,3 +230,25 @@ def test_an_unreachable_server_is_named_once_with_what_to_check(
     assert "check that the server runs" in said[0]
     # and the password is nowhere in the log
     assert "s3cret" not in caplog.text
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "utf-16"])
+def test_a_client_that_is_not_utf8_is_refused(server: Server, encoding: str) -> None:
+    # msgpack packs the script's arguments as UTF-8: keys encoded otherwise
+    # would name other locks.
+    client = redis.Redis.from_url(server.url, encoding=encoding, socket_timeout=0.05)
+    with pytest.raises(ValueError, match="UTF-8"):
+        start_link(connection=client, keys=QueueKeys("connection"), lock_duration=LOCK_MS)
+    client.close()
+
+
+def test_a_client_timeout_that_breaks_the_rule_is_warned_with_one_number(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = redis.Redis.from_url(server.url, socket_timeout=2)
+    with caplog.at_level(logging.WARNING, logger="actors"):
+        manager = start_link(connection=client, keys=QueueKeys("connection"), lock_duration=2000)
+    stop(manager)
+    client.close()
+    assert "socket_timeout=2 s" in caplog.text
+    assert "socket_timeout=0.125" in caplog.text

@@ -11,7 +11,11 @@ Each name is documented where it is defined:
 - the server (:mod:`tests.support.server`): :class:`Server`,
   :func:`command_calls`, :func:`evalsha_calls`;
 - driving a manager by hand (:mod:`tests.support.manual`): :class:`ManualClock`,
-  :func:`manual_timer`, :func:`tick`, :func:`settle`, :func:`unchecked`.
+  :func:`manual_timer`, :func:`tick`, :func:`settle`, :func:`unchecked`;
+- fakes for the manager's seams (:mod:`tests.support.fakes`): :class:`LockTable`,
+  :class:`Inbox`, :class:`FlakyClock`;
+- short locks (:mod:`tests.support.short_locks`): :data:`TTL`, :func:`start_manager`,
+  :func:`assert_still_renewing`, :class:`Bystander`.
 
 Nothing here mocks Redis: the lock helpers talk to the real server the
 fixtures of ``tests/conftest.py`` start.
@@ -19,6 +23,7 @@ fixtures of ``tests/conftest.py`` start.
 
 from __future__ import annotations
 
+from tests.support.fakes import FlakyClock, Inbox, LockTable
 from tests.support.locks import (
     LockWatch,
     PackedCommands,
@@ -43,8 +48,23 @@ from tests.support.manual import (
 from tests.support.polling import wait_for, wait_ticks
 from tests.support.recorder import Recorder
 from tests.support.server import Server, command_calls, default_engine, engines, evalsha_calls
+from tests.support.short_locks import (
+    INTERVAL_S,
+    TTL,
+    WATCH_S,
+    Bystander,
+    assert_still_renewing,
+    start_manager,
+)
 
 __all__ = [
+    "INTERVAL_S",
+    "TTL",
+    "WATCH_S",
+    "Bystander",
+    "FlakyClock",
+    "Inbox",
+    "LockTable",
     "LockWatch",
     "ManualClock",
     "ManualTimers",
@@ -52,6 +72,7 @@ __all__ = [
     "Recorder",
     "Server",
     "alive",
+    "assert_still_renewing",
     "command_calls",
     "default_engine",
     "engines",
@@ -63,6 +84,7 @@ __all__ = [
     "new_token",
     "set_locks",
     "settle",
+    "start_manager",
     "take_locks",
     "tick",
     "unchecked",

@@ -149,3 +149,8 @@ def test_a_tagged_queue_keeps_every_key_in_one_slot(name: str, job_id: str) -> N
     keys = QueueKeys("{" + name.replace("}", "") + "x}")
 
     assert hash_slot(keys.lock(job_id)) == hash_slot(keys.stalled)
+
+
+def test_a_prefix_written_into_the_queue_name_is_refused_with_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"QueueKeys\('emails', prefix='bull'\)"):
+        QueueKeys("bull:emails")

@@ -13,10 +13,10 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "actors"
 
 LAYERS = [
-    ["validation", "keys", "schedule", "messages", "lost", "stats", "jobs"],
-    ["connection", "scripts", "renewer"],
+    ["_loop", "validation", "keys", "schedule", "messages", "lost", "stats", "jobs"],
+    ["describe", "connection", "outcome", "evalsha", "readback", "scripts", "renewer"],
     ["_telemetry", "timer", "ref", "report", "lock_manager", "api", "aio", "leases"],
-    ["embedded", "cli", "__main__", "bullmq"],
+    ["_keeper", "embedded", "cli", "__main__", "bullmq"],
 ]
 ORDER = {name: (layer, i) for layer, names in enumerate(LAYERS) for i, name in enumerate(names)}
 

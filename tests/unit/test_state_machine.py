@@ -21,7 +21,6 @@ What it proves, beyond "the tracked ids agree with the model":
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -33,55 +32,14 @@ from hypothesis.stateful import (
     invariant,
     rule,
 )
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from actors import LostLock, ManagerRef, ManualTimer, QueueKeys, start_link
-from actors.lost import Reason
 from actors.messages import ExtendLocks, GetTrackedJobIds, TrackJob, UntrackJob
 from actors.schedule import Timing
-from actors.scripts import EXPIRED, STOLEN, BatchOutcome, ChunkError
+from actors.scripts import EXPIRED, STOLEN
+from tests.support import LockTable, ManualClock
 
 ids = st.sampled_from([f"job-{i}" for i in range(8)])
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1_000_000
-
-    def __call__(self) -> int:
-        return self.now
-
-
-class FakeLocks:
-    """The server's lock keys, and what every renewal call asked for."""
-
-    def __init__(self, clock: FakeClock) -> None:
-        self.clock = clock
-        self.held: dict[str, str] = {}
-        self.raise_next = False
-        self.fail_chunk_next = False
-        self.calls: list[tuple[int, list[str]]] = []
-
-    def __call__(self, job_ids: Sequence[str], tokens: Sequence[str]) -> BatchOutcome:
-        self.calls.append((self.clock.now, list(job_ids)))
-        if self.raise_next:
-            self.raise_next = False
-            raise RedisConnectionError("connection refused")
-        stop = len(job_ids)
-        errors = []
-        if self.fail_chunk_next:
-            # The server refused the second half (BUSY): those jobs' state is unknown.
-            self.fail_chunk_next = False
-            stop = len(job_ids) // 2
-            errors = [ChunkError(stop, len(job_ids), RuntimeError("BUSY"))]
-        failed = [
-            j for j, t in zip(job_ids[:stop], tokens[:stop], strict=True) if self.held.get(j) != t
-        ]
-        reasons: dict[str, Reason] = {j: EXPIRED if j not in self.held else STOLEN for j in failed}
-        return BatchOutcome(failed, errors, reasons)
-
-    def close(self) -> None:
-        pass
 
 
 class ManagerMachine(RuleBasedStateMachine):
@@ -89,8 +47,8 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.clock = FakeClock()
-        self.locks = FakeLocks(self.clock)
+        self.clock = ManualClock()
+        self.locks = LockTable(clock=self.clock)
         self.timer = ManualTimer()
         self.ref: ManagerRef | None = None
         # The model: what the manager should track, each job's token, and
@@ -181,7 +139,7 @@ class ManagerMachine(RuleBasedStateMachine):
 
     @rule()
     def backend_refuses_a_chunk_next(self) -> None:
-        self.locks.fail_chunk_next = True
+        self.locks.refuse_half_next = True
 
     @rule(data=st.data())
     def time_passes_before_the_next_tick(self, data: st.DataObject) -> None:
@@ -218,7 +176,7 @@ class ManagerMachine(RuleBasedStateMachine):
         due = [j for j in self.tokens if self.stamps[j] + threshold < at]
         on_grid = message.scheduled is not None
         calls_before = len(self.locks.calls)
-        raises, refuses = self.locks.raise_next, self.locks.fail_chunk_next
+        raises, refuses = self.locks.raise_next, self.locks.refuse_half_next
 
         self.ref.ask(message)
 
