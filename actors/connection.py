@@ -130,7 +130,7 @@ _COPIED_SETTINGS = (
 
 
 def client_like(
-    options: object, *, interval_ms: int, timeout: float | None = None, retries: int = RETRIES
+    options: object, *, interval_ms: int, bounded: bool = True, retries: int = RETRIES
 ) -> redis.Redis:
     """Build a bounded one-server client that reaches the server ``options`` reach.
 
@@ -145,8 +145,10 @@ def client_like(
             client, whose server, database, credentials and TLS settings are
             copied (the client itself is left alone).
         interval_ms: The manager's tick interval.
-        timeout: The wait per attempt in seconds; :func:`command_timeout` of
-            ``interval_ms`` when ``None``.
+        bounded: Whether a command's reply is awaited for at most
+            :func:`command_timeout` of ``interval_ms``; ``False`` awaits it as
+            long as it takes, as a bullmq worker's own client does (connecting
+            stays bounded either way).
         retries: Retries after a failed attempt (``0`` for a command that
             must not run twice).
 
@@ -174,10 +176,10 @@ def client_like(
             "connection options must be a URL, a dict of redis.Redis keywords or a "
             f"redis.Redis / redis.asyncio.Redis client, got {type(options).__name__}"
         )
-    seconds = command_timeout(interval_ms) if timeout is None else timeout
+    seconds = command_timeout(interval_ms)
     return redis.Redis(
         **settings,
-        socket_timeout=seconds,
+        socket_timeout=seconds if bounded else None,
         socket_connect_timeout=seconds,
         retry=Retry(NoBackoff(), retries),
     )

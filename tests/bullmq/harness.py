@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import io
 import json
 import subprocess
 import sys
@@ -180,10 +179,21 @@ def _task_stacks() -> list[str]:
     stacks = []
     for other in asyncio.all_tasks():
         if other is not asyncio.current_task():
-            stack = io.StringIO()
-            other.print_stack(file=stack)
-            stacks.append(stack.getvalue())
+            stacks.append(f"{other!r}\n" + "".join(_awaiting(other.get_coro())))
     return stacks
+
+
+def _awaiting(coro: Any) -> list[str]:
+    """Every frame a suspended coroutine waits in, outermost first: where it hangs."""
+    lines = []
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            lines.append(
+                f"  {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}\n"
+            )
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return lines
 
 
 async def _force_close(worker: Any) -> None:

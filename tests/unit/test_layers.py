@@ -38,23 +38,44 @@ def _imported(path: Path) -> set[str]:
     return found
 
 
+def _files(name: str) -> list[Path]:
+    """The files of one module of the package: itself, or every file of a subpackage."""
+    folder = PACKAGE / name
+    return sorted(folder.glob("*.py")) if folder.is_dir() else [PACKAGE / f"{name}.py"]
+
+
 def test_every_module_has_a_place_in_the_layers() -> None:
     modules = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
-    assert modules == set(ORDER)
+    packages = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert modules | packages == set(ORDER)
 
 
 def test_imports_only_point_down() -> None:
     upward = []
     for name, place in ORDER.items():
-        for target in _imported(PACKAGE / f"{name}.py"):
-            if target in ORDER and ORDER[target] >= place:
-                upward.append(f"{name} -> {target}")
+        for path in _files(name):
+            for target in _imported(path) - {name}:
+                if target in ORDER and ORDER[target] >= place:
+                    upward.append(f"{name} -> {target}")
     assert upward == []
+
+
+def test_no_subpackage_imports_the_package_root() -> None:
+    # The root re-exports every layer: a module below it that imported it
+    # would import itself, and hide which layer it really uses.
+    rooted = []
+    for path in PACKAGE.glob("*/*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.ImportFrom) and node.module == "actors") or (
+                isinstance(node, ast.Import) and any(a.name == "actors" for a in node.names)
+            ):
+                rooted.append(f"{path.parent.name}/{path.name}:{node.lineno}")
+    assert rooted == []
 
 
 def test_no_import_hides_inside_a_function() -> None:
     hidden = []
-    for path in PACKAGE.glob("*.py"):
+    for path in [*PACKAGE.glob("*.py"), *PACKAGE.glob("*/*.py")]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 for inner in ast.walk(node):

@@ -1,0 +1,270 @@
+"""Where a bullmq ``Worker`` takes, gives up and moves its jobs, wrapped to keep them tracked.
+
+- The fetch (the ``moveToActive`` script, which takes a job and its lock)
+  runs on a thread with a client of its own, and tracks the job there as
+  soon as the server answers: a blocked loop delays neither.
+- ``getNextJob``: a job fetched but given up before its processor started is
+  let go.
+- The moves (completed, failed, retried, delayed, waiting-children): the job
+  stays tracked until the server answered, and a loss seen meanwhile is the
+  move's doing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import inspect
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+import redis.asyncio
+
+from actors.connection import client_like
+from actors.schedule import monotonic_ms
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from actors.bullmq._manager import ActorLockManager
+
+__all__ = ["Fetcher", "hook_worker"]
+
+logger = logging.getLogger("actors.bullmq")
+
+#: ``stays_when`` of a move that never leaves the job active when it answers.
+_NEVER = object()
+
+#: The backend calls that move an active job away from active (deleting its
+#: lock), and the answer that means the job stayed. Every way bullmq 3.4 ends
+#: a run goes through one of them.
+_MOVES: tuple[tuple[str, object], ...] = (
+    ("moveToCompleted", _NEVER),
+    ("moveToFailed", _NEVER),
+    ("retryJob", _NEVER),
+    ("moveToDelayed", _NEVER),
+    ("moveToWaitingChildren", False),
+)
+
+#: What the fetches of the current ``getNextJob`` call took: (job id, token).
+_TAKEN: contextvars.ContextVar[list[tuple[str, str]] | None] = contextvars.ContextVar(
+    "actors_bullmq_taken", default=None
+)
+
+#: The script that takes a job and its lock.
+_FETCH = "moveToActive"
+
+#: The answer of a fetch that took nothing (``moveToActive`` with no job).
+_NO_JOB: list[Any] = []
+
+#: Longest wait for a fetch in flight to end once its client is cut, in seconds.
+_JOIN_S = 5.0
+#: How often the client is cut again meanwhile, in seconds (a fetch may reconnect).
+_CUT_S = 0.05
+
+
+class Fetcher:
+    """bullmq's ``moveToActive`` script, run on a thread that tracks the job it takes.
+
+    The same script, keys and arguments, through a synchronous client copied
+    from the worker's own: never retried (a second run would take a second
+    job), and awaited as long as it takes, as the worker's client would. The
+    answer is decoded as the worker's client would have decoded it.
+    """
+
+    def __init__(self, owner: ActorLockManager, script: Any, conn: redis.asyncio.Redis) -> None:
+        self._owner = owner
+        self._client = client_like(conn, interval_ms=owner.lock_duration, bounded=False, retries=0)
+        self._script = self._client.register_script(script.script)
+        self._decode = conn.get_encoder().decode  # type: ignore[no-untyped-call]
+        self._prefix = owner.keys.key_prefix
+        self._in_flight: set[concurrent.futures.Future[tuple[Any, Any]]] = set()
+        # One thread: the worker's own client sends one command at a time too.
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"bullmq-fetch-{owner.keys.name}"
+        )
+
+    async def run(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+        """Run the script as the worker's own client would, from the worker's loop."""
+        if self._owner.closing:
+            # A closing worker takes no more jobs.
+            return _NO_JOB
+        fetch = self._executor.submit(self._fetch, list(keys or ()), list(args or ()))
+        self._in_flight.add(fetch)
+        fetch.add_done_callback(self._in_flight.discard)
+        try:
+            answer, taken = await asyncio.wrap_future(fetch)
+        except asyncio.CancelledError:
+            # Nobody will process what it takes: let its lock expire.
+            fetch.add_done_callback(self._abandon)
+            raise
+        took = _TAKEN.get()
+        if taken is not None and took is not None:
+            took.append(taken)
+        return answer
+
+    def _fetch(self, keys: list[Any], args: list[Any]) -> tuple[Any, tuple[str, str] | None]:
+        sent_ms, sent_wall_ms = monotonic_ms(), time.time_ns() // 1_000_000
+        answer = _decoded(self._script(keys=keys, args=args), self._decode)
+        taken = self._job_taken(args, answer)
+        if taken is not None:
+            self._owner.taken(*taken, sent_ms, sent_wall_ms)
+        return answer, taken
+
+    def _job_taken(self, args: list[Any], answer: Any) -> tuple[str, str] | None:
+        """The job id and token the answer took a lock for, if any.
+
+        ``ARGV[1]`` is the queue's key prefix, ``ARGV[3]`` the packed options
+        holding the token: the script's argument layout, shared by every
+        BullMQ runtime. The answer's second entry is the job's id.
+        """
+        if not isinstance(answer, list) or len(answer) < 2 or not answer[1]:
+            return None
+        if len(args) < 3 or str(args[0]) != self._prefix:
+            return None
+        try:
+            token = msgpack.unpackb(args[2]).get("token")
+        except Exception:
+            return None
+        if not isinstance(token, str) or not token:
+            return None
+        return str(answer[1]), token
+
+    def _abandon(self, fetch: concurrent.futures.Future[tuple[Any, Any]]) -> None:
+        if not fetch.cancelled() and fetch.exception() is None:
+            _, taken = fetch.result()
+            if taken is not None:
+                self._owner.abandoned(*taken)
+
+    def close(self) -> None:
+        """End the fetch thread: a fetch still waiting on the server is cut off."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + _JOIN_S
+        while True:
+            # Closing the sockets ends a read that waits on a paused or hung server.
+            self._client.connection_pool.disconnect()
+            pending = [fetch for fetch in self._in_flight if not fetch.done()]
+            if not pending or time.monotonic() > deadline:
+                break
+            concurrent.futures.wait(pending, timeout=_CUT_S)
+        if not pending:
+            self._executor.shutdown(wait=True)
+        self._client.close()
+
+
+def _decoded(reply: Any, decode: Callable[[Any], Any]) -> Any:
+    """Decode a reply as a client with the worker's decoding settings would have."""
+    if isinstance(reply, list):
+        return [_decoded(item, decode) for item in reply]
+    return decode(reply)
+
+
+def moving(
+    owner: ActorLockManager, move: Callable[..., Awaitable[Any]], *, stays_when: object = _NEVER
+) -> Callable[..., Awaitable[Any]]:
+    """Wrap a backend call that moves an active job away, deleting its lock.
+
+    The job stays tracked while the move is under way, and a loss reported
+    meanwhile is not reported on (the move deletes the lock; a tick may see it
+    gone before the answer arrives). Then:
+
+    - the move answered: the job moved, unless the answer is ``stays_when``
+      (``moveToWaitingChildren`` answers ``False`` when the job has no
+      pending children); a job that moved is untracked;
+    - the move raised (refused, timed out, connection lost, cancelled): the
+      server may have run it all the same, so the lock is read back off the
+      loop, and the job stays tracked if the lock still holds the run's
+      token, or if it cannot be read.
+    """
+    signature = inspect.signature(move)
+
+    @functools.wraps(move)
+    async def moved(*args: Any, **kwargs: Any) -> Any:
+        given = signature.bind(*args, **kwargs)
+        job = given.arguments.get("job")
+        job_id = str(given.arguments["job_id"] if job is None else job.id)
+        token = str(given.arguments.get("token", "0"))
+        if not owner.moving(job_id, token):
+            return await move(*args, **kwargs)
+        stayed = False
+        try:
+            answer = await move(*args, **kwargs)
+            stayed = answer is stays_when
+            return answer
+        except BaseException:
+            # No answer is no proof either way: a call cancelled or timed
+            # out after it was sent may have run on the server.
+            stayed = await owner.lock_held(job_id, token)
+            raise
+        finally:
+            owner.moved(job_id, token, stayed=stayed)
+
+    return moved
+
+
+def next_job(
+    owner: ActorLockManager, get_next_job: Callable[[str], Awaitable[Any]]
+) -> Callable[[str], Awaitable[Any]]:
+    """Wrap ``Worker.getNextJob``: a job its fetch took but that is not handed on is let go.
+
+    What the fetch took is told through a context variable of the task, not
+    by token: bullmq 3.4 gives every fetch of one pass of its run loop the
+    same token.
+    """
+
+    @functools.wraps(get_next_job)
+    async def fetched(token: str) -> Any:
+        took: list[tuple[str, str]] = []
+        reset = _TAKEN.set(took)
+        job = None
+        try:
+            job = await get_next_job(token)
+            return job
+        finally:
+            _TAKEN.reset(reset)
+            handed_on = None if job is None else str(job.id)
+            for job_id, taken_with in took:
+                if job_id != handed_on:
+                    owner.release_unstarted(job_id, taken_with)
+
+    return fetched
+
+
+def hook_worker(worker: Any, owner: ActorLockManager) -> None:
+    """Wrap the worker's fetch, ``getNextJob`` and its backend's moves, on this worker only."""
+    backend: Any = worker.backend
+    scripts: Any = getattr(backend, "scripts", None)
+    commands: Any = getattr(scripts, "commands", None)
+    conn = getattr(backend, "conn", None)
+    fetcher = None
+    if isinstance(commands, dict) and _FETCH in commands and isinstance(conn, redis.asyncio.Redis):
+        try:
+            fetcher = Fetcher(owner, commands[_FETCH], conn)
+        except (TypeError, AttributeError):
+            fetcher = None
+    if fetcher is None:
+        logger.warning(
+            "queue %r: bullmq's fetch cannot run off the loop here; a job fetched beside a "
+            "processor that blocks the loop is tracked only when its processor starts",
+            worker.name,
+        )
+    else:
+        owner.fetcher = fetcher
+        # A copy: the dict belongs to the connection, which other queues may share.
+        scripts.commands = {**commands, _FETCH: fetcher.run}
+    worker.getNextJob = next_job(owner, worker.getNextJob)
+    for name, stays_when in _MOVES:
+        move = getattr(backend, name, None)
+        parameters = set(inspect.signature(move).parameters) if callable(move) else set()
+        if move is None or "token" not in parameters or not parameters & {"job", "job_id"}:
+            logger.warning(
+                "bullmq's %s takes no job and token: a job it moves may be reported lost once "
+                "(tested bullmq: 3.4)",
+                name,
+            )
+            continue
+        setattr(backend, name, moving(owner, move, stays_when=stays_when))
