@@ -278,8 +278,13 @@ class Bench:
         *,
         actor: bool,
         connection: Any = None,
+        connection_for_renewal: Any = None,
     ) -> RunningWorker:
-        """Create a worker on a new loop thread, install our manager if ``actor``, and run it."""
+        """Create a worker on a new loop thread, install our manager if ``actor``, and run it.
+
+        ``connection`` is the worker's own; ``connection_for_renewal`` the
+        manager's, when it is not to be built from the worker's.
+        """
         loop = LoopThread(f"bullmq-{name}")
         events = Recorder()
 
@@ -288,7 +293,9 @@ class Bench:
             if connection is not None:
                 options["connection"] = connection
             worker = Worker(self.queue, processor, options)
-            installed = use_actor_lock_manager(worker) if actor else None
+            installed = (
+                use_actor_lock_manager(worker, connection=connection_for_renewal) if actor else None
+            )
             events.listen(worker, *EVENTS)
             task = asyncio.ensure_future(worker.run())
             return worker, task, installed
