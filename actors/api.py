@@ -58,7 +58,6 @@ def start_link(
     renewer: Renewer | None = None,
     clock: Callable[[], int] | None = None,
     timer: TimerFactory | None = None,
-    safety_margin: int | None = None,
 ) -> ManagerRef:
     """Start a :class:`~actors.LockManager` and return its reference.
 
@@ -88,7 +87,6 @@ def start_link(
         renewer=renewer,
         clock=clock,
         timer=timer,
-        safety_margin=safety_margin,
     )
     assert isinstance(ref, ManagerRef)
     return ref

@@ -12,7 +12,6 @@ table goes to stdout after pytest's own output; the exit status is pytest's.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,12 +81,7 @@ def table(collector: Collector) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``tests/faults`` with the collector, print the table, return pytest's status.
-
-    The abort-before-steal scenarios run ``FAULT_RUNS`` times each (5 here,
-    1 in the default test run), to give their figures a spread.
-    """
-    os.environ.setdefault("FAULT_RUNS", "5")
+    """Run ``tests/faults`` with the collector, print the table, return pytest's status."""
     collector = Collector()
     args = [str(ROOT / "tests" / "faults"), "-q", "-p", "no:cacheprovider", *(argv or [])]
     status = pytest.main(args, plugins=[collector])
