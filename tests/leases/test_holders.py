@@ -29,7 +29,7 @@ from actors import (
     track_job,
     untrack_job,
 )
-from tests.support import Recorder, settle, take_locks, wait_for, wait_ticks, watch_locks
+from tests.support import Inbox, Recorder, settle, take_locks, wait_for, wait_ticks, watch_locks
 
 if TYPE_CHECKING:
     import redis
@@ -43,24 +43,6 @@ INTERVAL_S = TTL / 4 / 1000
 LEARN_S = 10 * INTERVAL_S
 #: Long enough for a lock nobody renews to expire, with a margin.
 WATCH_S = 2.5 * TTL / 1000
-
-
-class Inbox:
-    """A notify target (a job actor, say) that keeps what it is told."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._got: list[Any] = []
-
-    def tell(self, message: Any) -> None:
-        with self._lock:
-            self._got.append(message)
-
-    @property
-    def got(self) -> list[Any]:
-        """Every message told so far, in order."""
-        with self._lock:
-            return list(self._got)
 
 
 def _manager(client: redis.Redis, recorder: Recorder | None = None, **options: Any) -> ManagerRef:
