@@ -164,11 +164,12 @@ def untrack_job(
     which end only with their lease; the lock is renewed while a claim
     remains. With ``notify``, it ends that target's claim alone.
 
-    With ``wait``, the caller waits for the manager's thread: an actor that
-    untracks so in its ``on_stop`` must not be stopped with a blocking stop
-    by that manager's callback (``pykka.ActorRegistry.stop_all()`` from a
-    callback, say), which would wait for the actor while the actor waits for
-    the manager; such a callback stops actors with ``block=False``.
+    With ``wait``, the caller waits for the manager's thread, except while
+    that thread runs a callback (or a target's ``tell``), which may itself be
+    waiting for the caller: a callback's blocking stop of an actor whose
+    ``on_stop`` untracks so (``pykka.ActorRegistry.stop_all()``, say). The
+    untrack is then put ahead of every later tick and the call returns at
+    once: the same promise, without the wait.
 
     Args:
         manager: The manager.

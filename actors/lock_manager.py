@@ -76,6 +76,8 @@ class _TicksFirst(queue.Queue[Any]):
         super().__init__()
         #: The tick the timer's thread is putting in, if any.
         self.tick: object = None
+        #: How many messages at the front were put there by :meth:`put_first`.
+        self.first = 0
         #: Set, under the queue's lock, as the manager begins to stop: a
         #: message is then either in already (answered, or failed by pykka's
         #: last pass over the mailbox) or refused here, never left unread.
@@ -87,9 +89,28 @@ class _TicksFirst(queue.Queue[Any]):
             raise pykka.ActorDeadError("the manager is stopping")
         if item.message is self.tick:
             self.tick = None
-            self.queue.appendleft(item)
+            self.queue.insert(self.first, item)
         else:
             self.queue.append(item)
+
+    def _get(self) -> Any:
+        if self.first:
+            self.first -= 1
+        return self.queue.popleft()
+
+    def put_first(self, item: Any) -> None:
+        """Put ``item`` before every message but those put so before it, ticks included.
+
+        Raises:
+            pykka.ActorDeadError: The manager is stopping.
+        """
+        with self.not_empty:
+            if self.closed:
+                raise pykka.ActorDeadError("the manager is stopping")
+            self.queue.insert(self.first, item)
+            self.first += 1
+            self.unfinished_tasks += 1
+            self.not_empty.notify()
 
     def close(self) -> None:
         """Refuse every message from now on."""
@@ -206,6 +227,7 @@ class LockManager(pykka.ThreadingActor):
         self._lost = LostLocks()
         #: Who to tell of a lost lock, told once the tick is done.
         self._notes: list[tuple[Notify, LockLost]] = []
+        self._telling = False
         self._timer: Timer | None = None
         self._next_tick: int | None = None
         # The reference every caller gets: it checks each door in the
@@ -638,17 +660,30 @@ class LockManager(pykka.ThreadingActor):
         # Told only once the tick's bookkeeping is done: a target that calls
         # back in (untrack, track, queries) finds the manager consistent.
         notes, self._notes = self._notes, []
-        for target, message in notes:
-            try:
-                target.tell(message)
-            except BaseException:
-                logger.warning(
-                    "LockManager for queue %r: could not tell a %s that job %r lost its lock",
-                    self.queue_name,
-                    type(target).__name__,
-                    message.job_id,
-                    exc_info=True,
-                )
+        self._telling = True
+        try:
+            for target, message in notes:
+                try:
+                    target.tell(message)
+                except BaseException:
+                    logger.warning(
+                        "LockManager for queue %r: could not tell a %s that job %r lost its lock",
+                        self.queue_name,
+                        type(target).__name__,
+                        message.job_id,
+                        exc_info=True,
+                    )
+        finally:
+            self._telling = False
+
+    @property
+    def calling_back(self) -> bool:
+        """Whether the manager's thread runs user code now (a callback, a target's ``tell``)."""
+        return self._reporter.calling or self._telling
+
+    def put_first(self, envelope: Any) -> None:
+        """Put ``envelope`` in the mailbox ahead of every later tick (see ManagerRef.ask)."""
+        self._mailbox.put_first(envelope)
 
 
 _HANDLERS: dict[type, Callable[[LockManager, Any], Any]] = {

@@ -155,6 +155,15 @@ class _Core(Protocol):
         """Handle ``message`` now, on the calling thread (the manager's own)."""
         ...
 
+    @property
+    def calling_back(self) -> bool:
+        """Whether the manager's thread runs user code now (a callback)."""
+        ...
+
+    def put_first(self, envelope: Any) -> None:
+        """Put ``envelope`` in the mailbox ahead of every later tick."""
+        ...
+
 
 class ManagerRef(pykka.ActorRef[Any]):
     """A :class:`~actors.LockManager`'s ``ActorRef``; use it as any pykka reference."""
@@ -249,6 +258,15 @@ class ManagerRef(pykka.ActorRef[Any]):
                     f"a LockManager cannot wait for its own answer to {message!r} from its "
                     "own thread (a callback)"
                 )
+        if isinstance(message, UntrackJob) and self._core.calling_back:
+            # The manager's thread is in user code, which may be waiting for
+            # this very caller (a callback's blocking stop of an actor whose
+            # on_stop untracks): waiting here would wait forever. Put first
+            # instead, ahead of every later tick, and answer now: no tick can
+            # find the lock gone before the untrack, all that waiting promises.
+            with contextlib.suppress(pykka.ActorDeadError):  # stopping: it tracks nothing now
+                self._core.put_first(Envelope(message, reply_to=None))
+            return _answer(None, block)
         future: Answer[Any] = Answer()
         try:
             # Answered, failed by pykka's last pass over the mailbox, or

@@ -59,6 +59,8 @@ class Reporter:
         self._failed_streak = 0
         self._late_streak = 0
         self._hinted = False
+        #: Whether a callback runs now (read by other threads: see ManagerRef.ask).
+        self.calling = False
 
     def late(self, late_ms: int) -> None:
         """Record how late a timer tick ran; warn when over a quarter of the renew window."""
@@ -154,9 +156,12 @@ class Reporter:
     def _call(self, callback: Callable[[Any], object] | None, arg: Any, name: str) -> None:
         if callback is None:
             return
+        self.calling = True
         try:
             callback(arg)
         except BaseException:
             # SystemExit or KeyboardInterrupt too: left to pykka, they would
             # stop every actor of the process, not only this manager.
             logger.exception("LockManager for queue %r: %s raised", self._keys.name, name)
+        finally:
+            self.calling = False

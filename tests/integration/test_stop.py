@@ -9,8 +9,20 @@ from typing import TYPE_CHECKING
 import pykka
 import pytest
 
-from actors import ExtendLocks, QueueKeys, aio, start_link, stop, track_job
-from tests.support import take_locks, wait_for
+from actors import (
+    ExtendLocks,
+    QueueKeys,
+    aio,
+    get_stats,
+    is_tracked,
+    lease,
+    start_link,
+    stop,
+    track_job,
+    untrack_job,
+)
+from tests.support import ManualClock, take_locks, wait_for
+from tests.support.fakes import LockTable
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -124,3 +136,101 @@ def test_a_stop_without_waiting_is_true_for_the_first_call_only(
 
     assert (first.get(timeout=PROMPT_S), second.get(timeout=PROMPT_S)) == (True, False)
     assert manager.stop(block=False).get(timeout=PROMPT_S) is False
+
+
+class _FiredByHand:
+    """A timer whose fires the test makes itself (``fire`` puts the timer's own tick)."""
+
+    def __init__(self, fire: Callable[[int], None], _name: str) -> None:
+        self.fire = fire
+        timers.append(self)
+
+    def arm(self, deadline_ms: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+timers: list[_FiredByHand] = []
+
+
+class _Job(pykka.ThreadingActor):
+    """A job actor that untracks its lock, waiting for the manager, and then releases it."""
+
+    def __init__(self, manager: ManagerRef, table: LockTable, how: str) -> None:
+        super().__init__()
+        self.manager, self.table, self.how = manager, table, how
+
+    def on_start(self) -> None:
+        if self.how == "lease":
+            self.lease = lease(self.manager, "j", self.table.held["j"]).__enter__()
+        else:
+            track_job(self.manager, "j", self.table.held["j"])
+
+    def on_stop(self) -> None:
+        if self.how == "lease":
+            self.lease.__exit__(None, None, None)
+        else:
+            untrack_job(self.manager, "j", wait=True, timeout=STOP_TIMEOUT_S)
+        del self.table.held["j"]
+
+
+@pytest.mark.parametrize("how", ["untrack_job", "lease"])
+@pytest.mark.parametrize("stopping", ["stop_all", "stop"])
+def test_a_callback_stopping_a_job_actor_that_untracks_with_wait_does_not_deadlock(
+    how: str, stopping: str
+) -> None:
+    # Given a job actor whose on_stop untracks with wait=True and then deletes
+    # its lock, and a manager whose callback stops that actor, waiting for it
+    table = LockTable()
+    table.held["j"] = "t"
+    clock = ManualClock()
+    lost: list[object] = []
+    outcome: dict[str, object] = {}
+    timers.clear()
+
+    def on_renewed(_: list[str]) -> None:
+        if outcome:
+            return
+        outcome["started"] = True
+        try:
+            if stopping == "stop_all":
+                pykka.ActorRegistry.stop_all(timeout=STOP_TIMEOUT_S)
+            else:
+                job.stop(timeout=STOP_TIMEOUT_S)
+            # and the timer's tick, which jumps the mailbox, put while still in
+            # the callback, when the lock is due again
+            timers[0].fire(clock.advance(TTL))
+            outcome["stopped"] = True
+        except Exception as error:
+            outcome["stopped"] = error
+
+    manager = start_link(
+        renewer=table,
+        keys=QueueKeys("stop-job"),
+        lock_duration=TTL,
+        timer=_FiredByHand,
+        clock=clock,
+        on_locks_renewed=on_renewed,
+        on_lock_renewal_failed=lost.extend,
+    )
+    try:
+        job = _Job.start(manager, table, how)
+        wait_for(lambda: table.held and is_tracked(manager, "j"), PROMPT_S, "the job's track")
+
+        # when a tick renews the job's lock and so calls back
+        clock.advance(TTL)
+        manager.tell(ExtendLocks())
+
+        # then the callback's stop returned: the actor untracked without waiting for it
+        wait_for(lambda: "stopped" in outcome, 2 * PROMPT_S, "the callback's stop")
+        assert outcome["stopped"] is True, outcome
+        assert not job.is_alive()
+        if stopping == "stop":
+            # and its untrack went before the tick put after it: no loss reported
+            assert is_tracked(manager, "j", timeout=PROMPT_S) is False
+            assert get_stats(manager, timeout=PROMPT_S).lost == 0
+        assert lost == []
+    finally:
+        stop(manager, timeout=PROMPT_S)
