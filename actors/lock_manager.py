@@ -660,7 +660,8 @@ class LockManager(pykka.ThreadingActor):
         # Told only once the tick's bookkeeping is done: a target that calls
         # back in (untrack, track, queries) finds the manager consistent.
         notes, self._notes = self._notes, []
-        self._telling = True
+        # Restored, not cleared: a target's tell may call back in and deliver again.
+        telling, self._telling = self._telling, True
         try:
             for target, message in notes:
                 try:
@@ -674,7 +675,7 @@ class LockManager(pykka.ThreadingActor):
                         exc_info=True,
                     )
         finally:
-            self._telling = False
+            self._telling = telling
 
     @property
     def calling_back(self) -> bool:

@@ -156,7 +156,7 @@ class Reporter:
     def _call(self, callback: Callable[[Any], object] | None, arg: Any, name: str) -> None:
         if callback is None:
             return
-        self.calling = True
+        calling, self.calling = self.calling, True
         try:
             callback(arg)
         except BaseException:
@@ -164,4 +164,4 @@ class Reporter:
             # stop every actor of the process, not only this manager.
             logger.exception("LockManager for queue %r: %s raised", self._keys.name, name)
         finally:
-            self.calling = False
+            self.calling = calling
