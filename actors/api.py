@@ -58,6 +58,7 @@ def start_link(
     renewer: Renewer | None = None,
     clock: Callable[[], int] | None = None,
     timer: TimerFactory | None = None,
+    safety_margin: int | None = None,
 ) -> ManagerRef:
     """Start a :class:`~actors.LockManager` and return its reference.
 
@@ -87,6 +88,7 @@ def start_link(
         renewer=renewer,
         clock=clock,
         timer=timer,
+        safety_margin=safety_margin,
     )
     assert isinstance(ref, ManagerRef)
     return ref

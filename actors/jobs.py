@@ -6,7 +6,7 @@ from collections import OrderedDict
 from itertools import compress
 from typing import TYPE_CHECKING, Final, NamedTuple
 
-from actors.schedule import due_mask
+from actors.schedule import DEFAULT_LOCK_DURATION, Timing, default_safety_margin, due_mask
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -14,7 +14,16 @@ if TYPE_CHECKING:
     from actors.lost import Reason
     from actors.messages import Notify
 
-__all__ = ["RECENTLY_LOST", "Claim", "Ended", "Gone", "JobTable", "LostLocks", "Watch"]
+__all__ = [
+    "RECENTLY_LOST",
+    "Claim",
+    "Ended",
+    "Gone",
+    "JobTable",
+    "LostLocks",
+    "Validity",
+    "Watch",
+]
 
 #: How many lost ``(job, token)`` pairs a manager remembers, the oldest
 #: forgotten first: a lock tracked again within that many losses of its own
@@ -32,6 +41,32 @@ class Claim(NamedTuple):
     deadline: int | None
     #: Ended only by an untrack that names :attr:`target` (a lease's claim).
     keep: bool = False
+    #: This claim's ``safety_margin`` in ms, or ``None`` for the manager's.
+    margin: int | None = None
+
+
+class Validity:
+    """Until when a watched lock is certainly still held at the server: shared, read anywhere.
+
+    One per watched lock (per job and token), written only on the manager's
+    thread; a lease reads :attr:`deadline` from the job's thread (an ``int``
+    attribute: one read, no lock). The deadline is the monotonic time at
+    which the last renewal the server confirmed was sent (for a new lock,
+    when it was taken), plus ``lock_duration``, minus the safety margin.
+    """
+
+    __slots__ = ("confirmed", "deadline", "span")
+
+    def __init__(self, confirmed: int, span: int) -> None:
+        #: Monotonic ms at which the last confirmed renewal was sent (or the lock taken).
+        self.confirmed = confirmed
+        #: How long after :attr:`confirmed` the lock is trusted: ``lock_duration - margin``.
+        self.span = span
+        #: Monotonic ms past which the lock may be gone at the server.
+        self.deadline = confirmed + span
+
+    def __repr__(self) -> str:
+        return f"Validity(confirmed={self.confirmed}, deadline={self.deadline})"
 
 
 class Watch(NamedTuple):
@@ -73,11 +108,39 @@ class JobTable:
     the previous one would otherwise sit at its end, renewed that long after
     it was due; the jobs renewed before have their place in every batch, so
     their gaps do not change.
+
+    Each lock somebody watches (a ``notify`` target, a lease) also has a
+    :class:`Validity`: its deadline, moved on by each confirmed renewal.
+
+    Args:
+        lock_duration: The locks' TTL in ms.
+        safety_margin: The default margin of a watched lock's deadline, in
+            ms; half the timer interval of ``lock_duration`` when ``None``.
     """
 
-    __slots__ = ("fresh", "stamps", "tokens", "watches")
+    __slots__ = (
+        "earliest",
+        "fresh",
+        "lock_duration",
+        "margin",
+        "stamps",
+        "tokens",
+        "valid",
+        "watches",
+    )
 
-    def __init__(self) -> None:
+    def __init__(
+        self, lock_duration: int = DEFAULT_LOCK_DURATION, safety_margin: int | None = None
+    ) -> None:
+        self.lock_duration = lock_duration
+        self.margin = (
+            default_safety_margin(Timing(lock_duration)) if safety_margin is None else safety_margin
+        )
+        #: The watched locks' validity, by job id.
+        self.valid: dict[str, Validity] = {}
+        #: No watched lock's deadline is earlier than this (ms), or ``None``:
+        #: never later than the truth, sometimes earlier (a lock untracked since).
+        self.earliest: int | None = None
         self.tokens: dict[str, str] = {}
         #: Monotonic ms of the lock's taking or of its last renewal: never
         #: later than the moment the server set its TTL.
@@ -107,6 +170,7 @@ class JobTable:
         notify: Notify | None = None,
         max_hold: int | None = None,
         keep: bool = False,
+        margin: int | None = None,
     ) -> tuple[str, tuple[Notify, ...]] | None:
         """Add a claim on a job's lock.
 
@@ -126,6 +190,7 @@ class JobTable:
             max_hold: Most ms to renew the lock for this claim, from ``ts``,
                 or ``None`` for no limit.
             keep: End the claim only by an untrack that names ``notify``.
+            margin: The claim's safety margin in ms (``None``: the table's).
 
         Returns:
             When a new token replaces a lock somebody waits on: the old token
@@ -148,6 +213,7 @@ class JobTable:
             self.stamps[job_id] = ts
             self.fresh[job_id] = None
             gone = self.watches.pop(job_id, None)
+            self.valid.pop(job_id, None)
             if held is not None and gone is not None and gone.targets:
                 replaced = (held, gone.targets)
             claims = ()
@@ -163,7 +229,7 @@ class JobTable:
                     claims = (*claims[:i], claim._replace(deadline=deadline), *claims[i + 1 :])
                 break
         else:
-            claims = (*claims, Claim(notify, deadline, keep))
+            claims = (*claims, Claim(notify, deadline, keep, margin))
         self._keep(job_id, claims)
         return replaced
 
@@ -196,6 +262,7 @@ class JobTable:
             if notify is not None and not everyone:
                 return held, (), False
             # The one plain claim, as most jobs have: inlined, an untrack is hot.
+            # (A lock without a Watch has no Validity either.)
             del self.tokens[job_id]
             del self.stamps[job_id]
             self.fresh.pop(job_id, None)
@@ -235,19 +302,63 @@ class JobTable:
     def _keep(self, job_id: str, claims: tuple[Claim, ...]) -> None:
         if len(claims) == 1 and claims[0].target is None and claims[0].deadline is None:
             self.watches.pop(job_id, None)
+            self.valid.pop(job_id, None)
             return
         deadlines = [claim.deadline for claim in claims if claim.deadline is not None]
-        self.watches[job_id] = Watch(
-            claims,
-            tuple(claim.target for claim in claims if claim.target is not None),
-            min(deadlines) if deadlines else None,
-        )
+        targets = tuple(claim.target for claim in claims if claim.target is not None)
+        self.watches[job_id] = Watch(claims, targets, min(deadlines) if deadlines else None)
+        if not targets:
+            self.valid.pop(job_id, None)
+            return
+        # One deadline per lock: the most careful of its watchers' margins.
+        margin = max(self.margin if c.margin is None else c.margin for c in claims if c.target)
+        span = self.lock_duration - margin
+        validity = self.valid.get(job_id)
+        if validity is None:
+            validity = self.valid[job_id] = Validity(self.stamps[job_id], span)
+        elif validity.span != span:
+            validity.span = span
+            validity.deadline = validity.confirmed + span
+        if self.earliest is None or validity.deadline < self.earliest:
+            self.earliest = validity.deadline
 
     def _drop(self, job_id: str) -> None:
         del self.tokens[job_id]
         del self.stamps[job_id]
         self.fresh.pop(job_id, None)
         self.watches.pop(job_id, None)
+        self.valid.pop(job_id, None)
+
+    def confirm(self, now: int) -> list[str]:
+        """Move each watched lock's deadline to its last confirmed renewal; return those past it.
+
+        Call it with the time the renewals' answer was read (after
+        :meth:`stamp`), or with any time to look for deadlines passed. A
+        lock whose deadline came at or before ``now`` is returned even if a
+        renewal of it was just confirmed: at its deadline nobody had
+        confirmed it, and a job that looked then was told it may be lost.
+
+        Args:
+            now: Monotonic ms, read after the answer came.
+
+        Returns:
+            The ids of the watched locks past their deadline, still tracked.
+        """
+        stamps = self.stamps
+        overdue: list[str] = []
+        earliest: int | None = None
+        for job_id, validity in self.valid.items():
+            if validity.deadline <= now:
+                overdue.append(job_id)
+                continue
+            stamp = stamps[job_id]
+            if stamp > validity.confirmed:
+                validity.confirmed = stamp
+                validity.deadline = stamp + validity.span
+            if earliest is None or validity.deadline < earliest:
+                earliest = validity.deadline
+        self.earliest = earliest
+        return overdue
 
     def ids(self) -> list[str]:
         """Return the tracked ids, in tracking order."""

@@ -24,6 +24,17 @@ found by the next tick, within one interval, and the job learns it in that
 same tick. A job held past ``max_hold`` learns it at the first tick after its
 deadline, and a job whose manager stops learns it as the manager stops.
 
+A lease also knows until when its lock is certainly held: ``lock_duration -
+safety_margin`` after the last renewal the server confirmed was sent (for a
+new lock, after it was taken). Past that deadline with no newer
+confirmation (a partition, a paused server, a paused process) the lock is
+lost with the reason ``"unconfirmed"``, before the server can have expired
+it and let another worker take the job. :attr:`Lease.lost`,
+:meth:`Lease.check` and the others compare the deadline themselves (one
+clock read), so a job whose process was paused sees the loss at its first
+look after the pause; :meth:`Lease.wait` and :meth:`Lease.wait_async` wake
+at the deadline.
+
 Leaving the block never raises for a lost lock: what to do about it (stop,
 roll back, log) is the job's decision.
 
@@ -50,7 +61,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pykka
 
 from actors import aio
-from actors.lost import MANAGER_STOPPED, LockLost
+from actors.jobs import Validity
+from actors.lost import MANAGER_STOPPED, UNCONFIRMED, LockLost
 from actors.messages import TrackJob, UntrackJob
 from actors.ref import ManagerRef, ManagerStopped, require_manager
 
@@ -87,12 +99,18 @@ class Lease:
             claim on the same lock keeps its own terms.
         ts: When the lock was taken, in the manager's monotonic milliseconds;
             when the lease is entered if ``None``.
+        safety_margin: This lease's margin in milliseconds (the manager's
+            ``safety_margin`` when ``None``): the lock is trusted until
+            ``lock_duration - safety_margin`` after its last confirmed
+            renewal's send. A larger margin tells the job sooner, and gives
+            up the lock sooner when Redis is only briefly out of reach.
 
     Raises:
         TypeError: ``manager`` is not a manager's reference, or an argument
             has the wrong type.
         ValueError: ``job_id`` or ``token`` is empty, too long or not UTF-8;
-            ``max_hold`` is out of range.
+            ``max_hold`` is out of range; ``safety_margin`` is negative or
+            not below the manager's ``lock_duration`` minus its interval.
     """
 
     def __init__(
@@ -103,11 +121,22 @@ class Lease:
         max_hold: int | None = None,
         *,
         ts: int | None = None,
+        safety_margin: int | None = None,
     ) -> None:
         require_manager(manager)
         # The message checks every argument, here in the caller's thread.
-        self._message = TrackJob(job_id, token, ts, self, max_hold, keep=True)
+        self._message = TrackJob(
+            job_id, token, ts, self, max_hold, keep=True, safety_margin=safety_margin
+        )
+        #: How long the lock is trusted after a confirmed send, in ms (checks the margin).
+        self._span = manager.trusted_for(self._message.safety_margin)
         self._manager = manager
+        #: The lock's deadline as the manager keeps it, once it has answered the track.
+        self._validity: Validity | None = None
+        #: Until then, the deadline the lock earned by being taken.
+        self._taken_deadline: int | None = None
+        #: Whether the lease itself saw the deadline pass (the manager may not have yet).
+        self._seen = False
         self._lock = threading.Lock()
         self._state = _NEW
         self._lost: LockLost | None = None
@@ -139,12 +168,26 @@ class Lease:
         return self._current() is not None
 
     @property
+    def deadline(self) -> int | None:
+        """Until when the lock is certainly held, in the manager's monotonic ms, or ``None``.
+
+        The last confirmed renewal's send (or the lock's taking) plus
+        ``lock_duration`` minus the safety margin; ``None`` before the lease
+        is entered.
+        """
+        if self._tracked is not None:
+            self._settle(0)
+        validity = self._validity
+        return self._taken_deadline if validity is None else validity.deadline
+
+    @property
     def reason(self) -> Reason | None:
         """Why the lock was lost, or ``None`` while it is not.
 
         ``"stolen"`` (it holds another worker's token), ``"expired"`` (the key
-        is gone), ``"max_hold"`` (held past ``max_hold``) or
-        ``"manager_stopped"`` (nobody renews it any more).
+        is gone), ``"max_hold"`` (held past ``max_hold``),
+        ``"manager_stopped"`` (nobody renews it any more) or ``"unconfirmed"``
+        (no renewal was confirmed by the deadline: the lock may have expired).
         """
         lost = self._current()
         return None if lost is None else lost.reason
@@ -159,7 +202,7 @@ class Lease:
         """
         lost = self._current()
         if lost is not None:
-            raise LockLost(lost.job_id, lost.token, lost.reason)
+            raise LockLost(lost.job_id, lost.token, lost.reason, lost.detail)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the lock is lost or the lease is left, like ``threading.Event.wait``.
@@ -183,8 +226,13 @@ class Lease:
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._current() is None and self._tracked is not None:
             self._settle(timeout)
-        if self._current() is None:
-            self._done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        # Woken by the manager's word, or at the lock's deadline by this
+        # thread's own timeout: a manager stuck in a Redis call is not waited for.
+        while self._current() is None and not self._done.is_set():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            self._done.wait(_shorter(left, self._until_deadline()))
         return self._current() is not None
 
     async def wait_async(self, timeout: float | None = None) -> bool:
@@ -203,8 +251,16 @@ class Lease:
         """
         self._require_entered()
         _check_timeout(timeout)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._until_done(), timeout)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                break
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._until_done(), _shorter(left, self._until_deadline()))
+            if self._current() is not None or self._done.is_set():
+                break
         return self._current() is not None
 
     async def _until_done(self) -> None:
@@ -255,7 +311,7 @@ class Lease:
         if self._state is not _HELD:
             return  # never entered, or left already: nothing of this lease is tracked
         try:
-            if self._current() is None:
+            if self._current() is None or self._seen:
                 # Waits for the manager: no tick runs on this lock for the lease after it returns.
                 with contextlib.suppress(ManagerStopped):
                     self._manager.ask(self._untrack())
@@ -276,7 +332,7 @@ class Lease:
         if self._state is not _HELD:
             return  # never entered, or left already: nothing of this lease is tracked
         try:
-            if self._current() is None:
+            if self._current() is None or self._seen:
                 with contextlib.suppress(ManagerStopped):
                     await aio.ask(self._manager, self._untrack())
             await self._settle_async()
@@ -293,9 +349,24 @@ class Lease:
                 raise RuntimeError(f"the lease of job {self.job_id!r} was already entered")
             self._state = _HELD
         try:
+            message = self._message
+            if message.ts is None:
+                # Stamped here, so that the lease knows the deadline its lock
+                # earned by being taken before the manager answers.
+                message = TrackJob(
+                    message.job_id,
+                    message.token,
+                    self._manager.clock(),
+                    self,
+                    message.max_hold,
+                    keep=True,
+                    safety_margin=message.safety_margin,
+                )
+            assert message.ts is not None
+            self._taken_deadline = message.ts + self._span
             # Asked rather than told: the answer says whether the manager took
-            # the claim, or stopped before it could.
-            self._tracked = self._manager.ask(self._message, block=False)
+            # the claim (with the lock's validity), or stopped before it could.
+            self._tracked = self._manager.ask(message, block=False)
         except BaseException:
             # Nothing of the lease may outlive a failed entry: the claim, if
             # the message got in, ends; the lease can be entered again.
@@ -319,7 +390,44 @@ class Lease:
             if self._lost is None and not self._manager.is_alive():
                 # Stopped (or crashed): nobody renews the lock from now on.
                 self._lose(LockLost(self.job_id, self.token, MANAGER_STOPPED))
+            if self._lost is None:
+                self._look_at_deadline()
         return self._lost
+
+    def _now(self) -> int | None:
+        try:
+            return self._manager.clock()
+        except Exception:
+            # The manager's clock is the user's code; the manager's own
+            # timer then says whether the deadline passed.
+            return None
+
+    def _look_at_deadline(self) -> None:
+        """Lose the lock with ``"unconfirmed"`` if its deadline has passed."""
+        deadline = self.deadline
+        if deadline is None:
+            return
+        now = self._now()
+        if now is None or now < deadline:
+            return
+        validity = self._validity
+        confirmed = deadline - self._span if validity is None else validity.confirmed
+        span = self._span if validity is None else validity.span
+        detail = (
+            f"no renewal confirmed for {now - confirmed} ms (trusted for {span} ms after a "
+            f"confirmed send); seen by the job {now - deadline} ms after the deadline"
+        )
+        if self._lose(LockLost(self.job_id, self.token, UNCONFIRMED, detail)):
+            self._seen = True
+
+    def _until_deadline(self) -> float | None:
+        """Seconds until the lock's deadline on the manager's clock, or ``None``."""
+        deadline = self.deadline
+        now = None if deadline is None else self._now()
+        if deadline is None or now is None:
+            return None
+        # At least a millisecond: the clock counts whole ones.
+        return max(deadline - now, 1) / 1000
 
     def _settle(self, timeout: float | None) -> None:
         """Read the manager's answer to the TrackJob, waiting up to ``timeout`` seconds."""
@@ -327,11 +435,14 @@ class Lease:
         if tracked is None:
             return
         try:
-            tracked.get(timeout=timeout)
+            answer = tracked.get(timeout=timeout)
         except pykka.Timeout:
             return
         except pykka.ActorDeadError:
             self._lose(LockLost(self.job_id, self.token, MANAGER_STOPPED))
+        else:
+            if isinstance(answer, Validity):
+                self._validity = answer
         self._tracked = None
 
     async def _settle_async(self) -> None:
@@ -343,12 +454,13 @@ class Lease:
             await aio.answer(self._manager, tracked)
         self._settle(0)
 
-    def _lose(self, lost: LockLost) -> None:
+    def _lose(self, lost: LockLost) -> bool:
         with self._lock:
             if self._lost is not None or self._state is not _HELD:
-                return
+                return False
             self._lost = lost
         self._finish()
+        return True
 
     def _close(self) -> None:
         with self._lock:
@@ -372,6 +484,12 @@ class Lease:
         )
 
 
+def _shorter(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
 def _check_timeout(timeout: float | None) -> None:
     if timeout is not None and math.isnan(timeout):
         raise ValueError("timeout must be a number of seconds or None, got nan")
@@ -389,6 +507,7 @@ def lease(
     max_hold: int | None = None,
     *,
     ts: int | None = None,
+    safety_margin: int | None = None,
 ) -> Lease:
     """Hold ``job_id``'s lock for a ``with`` (or ``async with``) block.
 
@@ -408,6 +527,8 @@ def lease(
             the manager's own ``max_hold`` when ``None``.
         ts: When the lock was taken, in the manager's monotonic milliseconds
             (``time.monotonic_ns() // 1_000_000``); when entered if ``None``.
+        safety_margin: This lease's margin in milliseconds; the manager's
+            ``safety_margin`` when ``None`` (see :class:`Lease`).
 
     Returns:
         The lease, not yet entered.
@@ -416,6 +537,7 @@ def lease(
         TypeError: ``manager`` is not a manager's reference, or an argument
             has the wrong type.
         ValueError: ``job_id`` or ``token`` is empty, too long or not UTF-8;
-            ``max_hold`` is out of range.
+            ``max_hold`` is out of range; ``safety_margin`` does not fit the
+            manager's windows.
     """
-    return Lease(manager, job_id, token, max_hold, ts=ts)
+    return Lease(manager, job_id, token, max_hold, ts=ts, safety_margin=safety_margin)

@@ -28,7 +28,16 @@ from pykka.messages import _ActorStop
 from actors import _telemetry
 from actors.jobs import Claim, JobTable, LostLocks
 from actors.keys import QueueKeys
-from actors.lost import EXPIRED, MANAGER_STOPPED, MAX_HOLD, STOLEN, LockLost, LostLock, Reason
+from actors.lost import (
+    EXPIRED,
+    MANAGER_STOPPED,
+    MAX_HOLD,
+    STOLEN,
+    UNCONFIRMED,
+    LockLost,
+    LostLock,
+    Reason,
+)
 from actors.messages import (
     ExtendLocks,
     GetActiveJobCount,
@@ -41,16 +50,23 @@ from actors.messages import (
 from actors.ref import ManagerRef, ManagerStopped
 from actors.renewer import RedisRenewer
 from actors.report import Reporter
-from actors.schedule import DEFAULT_LOCK_DURATION, Timing, monotonic_ms, next_deadline
+from actors.schedule import (
+    DEFAULT_LOCK_DURATION,
+    Timing,
+    check_safety_margin,
+    default_safety_margin,
+    monotonic_ms,
+    next_deadline,
+)
 from actors.scripts import DEFAULT_MAX_BATCH, BatchOutcome
-from actors.timer import ThreadTimer
+from actors.timer import ThreadTimer, resolution_ms
 from actors.validation import MAX_DURATION_MS, is_valid_text, require_callback, require_int
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from actors.connection import Client
-    from actors.jobs import Ended, Gone
+    from actors.jobs import Ended, Gone, Validity
     from actors.messages import Notify
     from actors.renewer import Renewer
     from actors.stats import Stats
@@ -145,6 +161,13 @@ class LockManager(pykka.ThreadingActor):
             ``connection`` (another backend, or a test's lock table).
         clock: The monotonic clock, in milliseconds, for stamps and ticks.
         timer: Builds the manager's one timer (see :mod:`actors.timer`).
+        safety_margin: How long before the server could expire a watched
+            lock (a lease's, a ``notify`` target's) its watchers are told
+            ``"unconfirmed"``, in milliseconds: the lock is trusted until
+            ``lock_duration - safety_margin`` after the last renewal the
+            server confirmed was sent. Half the timer interval when ``None``
+            (see ``actors.schedule.default_safety_margin``); it must be
+            below ``lock_duration`` minus the interval.
 
     Callbacks run on the manager's thread, between ticks: keep them short,
     and tell other actors rather than wait for them. Whatever they raise
@@ -179,6 +202,7 @@ class LockManager(pykka.ThreadingActor):
         renewer: Renewer | None = None,
         clock: Callable[[], int] | None = None,
         timer: TimerFactory | None = None,
+        safety_margin: int | None = None,
     ) -> None:
         super().__init__()
         mailbox = self.actor_inbox
@@ -187,6 +211,12 @@ class LockManager(pykka.ThreadingActor):
         if not isinstance(keys, QueueKeys):
             raise TypeError(f"keys must be a QueueKeys, got {type(keys).__name__}")
         self._timing = Timing(lock_duration, lock_renew_time)
+        #: The default safety margin of a watched lock, in milliseconds.
+        self.safety_margin = (
+            default_safety_margin(self._timing)
+            if safety_margin is None
+            else check_safety_margin(safety_margin, self._timing)
+        )
         require_callback(on_lock_renewal_failed, "on_lock_renewal_failed")
         require_callback(on_locks_renewed, "on_locks_renewed")
         require_callback(on_error, "on_error")
@@ -221,7 +251,7 @@ class LockManager(pykka.ThreadingActor):
         self.clock: Callable[[], int] = clock or monotonic_ms
         self._make_timer: TimerFactory = timer or self._thread_timer
         self.thread: threading.Thread | None = None
-        self._jobs = JobTable()
+        self._jobs = JobTable(self._timing.lock_duration, self.safety_margin)
         #: The recently lost locks: each holder is told of a loss once, however
         #: often it tracks the same lock again, and the lock is not renewed again.
         self._lost = LostLocks()
@@ -230,12 +260,34 @@ class LockManager(pykka.ThreadingActor):
         self._telling = False
         self._timer: Timer | None = None
         self._next_tick: int | None = None
+        #: What the timer is armed for: the next grid tick or, when earlier,
+        #: a watched lock's deadline.
+        self._armed: int | None = None
+        #: The deadlines the timer was armed for, not yet handled.
+        self._deadline_arms: set[int] = set()
         # The reference every caller gets: it checks each door in the
         # caller's thread (see actors.ref); pykka offers no other hook.
         self._actor_ref = ManagerRef(self, self)
 
     def _thread_timer(self, fire: Callable[[int], None], name: str) -> Timer:
         return ThreadTimer(fire, name, self.clock)
+
+    def trusted_for(self, safety_margin: int | None = None) -> int:
+        """Return how long a watched lock is trusted after a confirmed renewal's send, in ms.
+
+        Thread-safe: it reads only what never changes.
+
+        Args:
+            safety_margin: A lease's own margin in milliseconds, or ``None``
+                for the manager's.
+
+        Raises:
+            TypeError: ``safety_margin`` is not an ``int``.
+            ValueError: It is negative, or leaves less than one interval.
+        """
+        if safety_margin is None:
+            return self._timing.lock_duration - self.safety_margin
+        return self._timing.lock_duration - check_safety_margin(safety_margin, self._timing)
 
     # -- lifecycle -------------------------------------------------------
 
@@ -245,6 +297,7 @@ class LockManager(pykka.ThreadingActor):
         try:
             self._timer = self._make_timer(self._fire, f"LockManager-timer-{self.queue_name}")
             self._next_tick = self.clock() + self._timing.interval
+            self._armed = self._next_tick
             self._timer.arm(self._next_tick)
         except BaseException:
             self._shutdown()
@@ -269,7 +322,7 @@ class LockManager(pykka.ThreadingActor):
         # From here on every sender is refused.
         self._mailbox.close()
         for job_id in list(self._jobs.watches):
-            self._forget(job_id, MANAGER_STOPPED, remember=False)
+            self._forget(job_id, MANAGER_STOPPED, remember=False, detail="the manager stopped")
         asks = self._refuse_the_rest()
         self._deliver()
         self._answer_stopped(asks)
@@ -373,19 +426,21 @@ class LockManager(pykka.ThreadingActor):
     # they keep or compare (a few exact-type tests, no rebuild): a caller's
     # subclass never runs its code here, and a forged message is dropped.
 
-    def _on_track(self, message: TrackJob) -> None:
+    def _on_track(self, message: TrackJob) -> Validity | None:
         job_id, token, ts, max_hold = message.job_id, message.token, message.ts, message.max_hold
-        notify, keep = message.notify, message.keep
+        notify, keep, margin = message.notify, message.keep, message.safety_margin
         if not (is_valid_text(job_id) and is_valid_text(token)):
             TrackJob(job_id, token)  # raises, naming the bad argument: logged and dropped
         if not (_plain_int(ts) and _plain_int(max_hold)) or type(keep) is not bool:
             raise TypeError("a TrackJob's ts, max_hold or keep was changed after it was built")
         if keep and notify is None:
             raise ValueError("a TrackJob's keep was changed after it was built")
+        if margin is not None:
+            margin = self._margin(margin, notify)
         if self._lost:
             gone = self._lost.get(job_id, token)
             if gone is not None and self._tracked_again(job_id, token, notify, gone):
-                return
+                return None
         try:
             now = self.clock()
         except BaseException:
@@ -398,14 +453,35 @@ class LockManager(pykka.ThreadingActor):
         # A stamp is never later than now: a lock never looks younger than it is.
         ts = now if ts is None or ts > now else ts
         max_hold = max_hold if max_hold is not None else self._max_hold
-        replaced = self._jobs.track(job_id, token, ts, notify, max_hold, keep)
+        replaced = self._jobs.track(job_id, token, ts, notify, max_hold, keep, margin)
         if replaced is not None:
             # The job was taken again with a new token: everybody who waited
             # on the old lock must learn it belongs to another run now.
             old_token, targets = replaced
-            self._notes.extend((target, LockLost(job_id, old_token, STOLEN)) for target in targets)
+            detail = f"this worker took the job again with the token {token!r}"
+            self._notes.extend(
+                (target, LockLost(job_id, old_token, STOLEN, detail)) for target in targets
+            )
             self._lost.add(job_id, old_token, STOLEN, [Claim(target, None) for target in targets])
             self._deliver()
+        if notify is None:
+            return None
+        validity = self._jobs.valid.get(job_id)
+        earliest = self._jobs.earliest
+        if (
+            validity is not None
+            and earliest is not None
+            and (self._armed is None or earliest < self._armed)
+        ):
+            self._arm()
+        # The lock's validity, for a lease to read its deadline itself.
+        return validity
+
+    def _margin(self, margin: int, notify: Notify | None) -> int:
+        if notify is None:
+            raise ValueError("a TrackJob's safety_margin was changed after it was built")
+        # Checked against this manager's windows: logged and dropped if it does not fit.
+        return check_safety_margin(margin, self._timing)
 
     def _tracked_again(self, job_id: str, token: str, notify: Notify | None, gone: Gone) -> bool:
         """Handle a track of a lock lost recently; return whether that is all there is to do."""
@@ -434,6 +510,10 @@ class LockManager(pykka.ThreadingActor):
             # Checked again, as when it was built: a plain int in range, or
             # it raises (logged and dropped).
             scheduled = ExtendLocks(scheduled).scheduled
+            if scheduled in self._deadline_arms and scheduled != self._next_tick:
+                self._deadline_arms.discard(scheduled)
+                self._at_deadline(scheduled)
+                return
         self._tick(scheduled)
 
     def _on_is_tracked(self, message: IsTracked) -> bool:
@@ -529,6 +609,8 @@ class LockManager(pykka.ThreadingActor):
                 overdue = self._jobs.overdue(now)
                 if overdue:
                     self._expire(overdue, now)
+                if self._jobs.valid:
+                    self._check_deadlines(now, now - at if on_grid else 0)
             due, tokens = self._jobs.due(at, self._timing.threshold)
             if due:
                 self._renew(due, tokens, at, now)
@@ -536,8 +618,65 @@ class LockManager(pykka.ThreadingActor):
             # Whatever happened above, the timer ticks again.
             if on_grid and self._timer is not None:
                 self._next_tick = next_deadline(at, self._timing.interval, self._now(now))
-                self._timer.arm(self._next_tick)
+                self._armed = None
+                self._arm()
+            elif self._jobs.valid:
+                self._arm()
             self._deliver()
+
+    def _at_deadline(self, scheduled: int) -> None:
+        """The timer's fire at a watched lock's deadline: tell who is past it, nothing else."""
+        now = self._now(scheduled)
+        try:
+            if self._jobs.valid:
+                self._check_deadlines(now, max(0, now - scheduled))
+        finally:
+            self._armed = None
+            self._arm()
+            self._deliver()
+
+    def _arm(self) -> None:
+        """Arm the timer for the next grid tick, or for the earliest watched deadline before it."""
+        if self._timer is None or self._next_tick is None:
+            return
+        at = self._next_tick
+        earliest = self._jobs.earliest if self._jobs.valid else None
+        if earliest is not None and earliest < at:
+            at = earliest
+            if len(self._deadline_arms) > 64:
+                # Deadlines replaced before they fired: never handled, never needed.
+                self._deadline_arms = {d for d in self._deadline_arms if d >= at}
+            self._deadline_arms.add(at)
+        if at != self._armed:
+            self._armed = at
+            self._timer.arm(at)
+
+    def _check_deadlines(self, now: int, late: int, confirmed: bool = False) -> None:
+        """Let go of the watched locks past their deadline at ``now``, telling their watchers."""
+        overdue = self._jobs.confirm(now)
+        if not overdue:
+            return
+        lost = [self._unconfirmed(job_id, now, late, confirmed) for job_id in overdue]
+        self._reporter.lost(lost)
+
+    def _unconfirmed(self, job_id: str, now: int, late: int, confirmed: bool) -> LostLock:
+        validity = self._jobs.valid[job_id]
+        counters = self._reporter.counters
+        facts = [
+            f"no renewal confirmed for {now - validity.confirmed} ms (trusted for "
+            f"{validity.span} ms after a confirmed send, lock_duration "
+            f"{self._timing.lock_duration} ms)"
+        ]
+        if confirmed:
+            facts.append("a renewal's answer came only after the deadline")
+        if counters.failed_streak:
+            facts.append(
+                f"{counters.failed_streak} tick(s) failed since, the last with "
+                f"{counters.last_error}"
+            )
+        if late > resolution_ms():
+            facts.append(f"the manager did not run for {late} ms past its timer (a pause)")
+        return self._forget(job_id, UNCONFIRMED, detail="; ".join(facts))
 
     def _now(self, fallback: int) -> int:
         """Read the clock; ``fallback`` (an earlier reading) if it raises."""
@@ -553,12 +692,14 @@ class LockManager(pykka.ThreadingActor):
         """End the claims past their deadline; a lock with none left is let go, and reported."""
         lost: list[LostLock] = []
         for job_id in overdue:
+            deadline = self._jobs.watches[job_id].deadline
+            detail = f"held past its hold deadline by {now - (deadline or now)} ms"
             ended = self._jobs.expire(job_id, now)
-            self._tell(job_id, ended, MAX_HOLD)
+            self._tell(job_id, ended, MAX_HOLD, detail)
             held, claims, gone = ended
             if gone:
                 self._lost.add(job_id, held, MAX_HOLD, claims)
-                lost.append(LostLock(job_id, held, MAX_HOLD))
+                lost.append(LostLock(job_id, held, MAX_HOLD, detail))
             else:
                 self._lost.add(job_id, held, None, claims)
         if lost:
@@ -592,8 +733,18 @@ class LockManager(pykka.ThreadingActor):
                 # Read when the answer is back: the renewal ran before this,
                 # so the margin is never overstated (a slow round trip or a
                 # GIL-bound process shows in it).
-                margin = self._timing.lock_duration - (self._now(now) - oldest)
+                answered = self._now(now)
+                margin = self._timing.lock_duration - (answered - oldest)
                 renewed, lost = self._apply(due, tokens, at, outcome)
+                if self._jobs.valid:
+                    # The renewals just confirmed move the watched deadlines
+                    # on, unless they came too late for one.
+                    overdue = self._jobs.confirm(answered)
+                    if overdue:
+                        lost_now = [self._unconfirmed(j, answered, 0, True) for j in overdue]
+                        gone = set(overdue)
+                        renewed = [job_id for job_id in renewed if job_id not in gone]
+                        lost.extend(lost_now)
                 span.finish(lost, calls)
                 if outcome.errors:
                     failure = outcome.errors[0].error
@@ -611,6 +762,9 @@ class LockManager(pykka.ThreadingActor):
         else:
             unknown = len(due) if outcome is None else sum(e.stop - e.start for e in outcome.errors)
             reporter.failed(failure, unknown)
+            if self._jobs.valid:
+                # The failed call took time: a deadline may have passed meanwhile.
+                self._check_deadlines(self._now(now), 0)
 
     def _apply(
         self, due: list[str], tokens: list[str], at: int, outcome: BatchOutcome
@@ -623,7 +777,12 @@ class LockManager(pykka.ThreadingActor):
         # Only ids of this batch count: a renewer's report of any other is dropped.
         failed = {job_id for job_id in outcome.failed if job_id in token_of}
         lost = [
-            self._forget(job_id, outcome.reasons.get(job_id, EXPIRED), token_of[job_id])
+            self._forget(
+                job_id,
+                reason := outcome.reasons.get(job_id, EXPIRED),
+                token_of[job_id],
+                detail=self._found(job_id, reason, at),
+            )
             for job_id in dict.fromkeys(outcome.failed)
             if job_id in token_of
         ]
@@ -633,25 +792,45 @@ class LockManager(pykka.ThreadingActor):
         self._jobs.stamp(renewed, at)
         return renewed, lost
 
+    def _found(self, job_id: str, reason: Reason, at: int) -> str:
+        """Say what a renewal that found the lock lost tells, from what is known already."""
+        stamp = self._jobs.stamps.get(job_id)
+        age = "" if stamp is None else f"{at - stamp} ms after its last renewal or taking"
+        if reason == STOLEN:
+            return f"the lock holds another worker's token (found {age})"
+        duration = self._timing.lock_duration
+        if stamp is not None and at - stamp < duration:
+            return (
+                f"the lock key was gone {age}, before its {duration} ms could run out: "
+                f"deleted, or lost by the server (a restart, a failover)"
+            )
+        return f"the lock key was gone {age}: it expired ({duration} ms without a renewal)"
+
     def _forget(
-        self, job_id: str, reason: Reason, token: str | None = None, *, remember: bool = True
+        self,
+        job_id: str,
+        reason: Reason,
+        token: str | None = None,
+        *,
+        remember: bool = True,
+        detail: str = "",
     ) -> LostLock:
         """Untrack a job whose lock is lost; queue a word for each who asked to be told."""
         ended = self._jobs.untrack(job_id, everyone=True)
         if ended is None:
-            return LostLock(job_id, token or "", reason)
-        self._tell(job_id, ended, reason)
+            return LostLock(job_id, token or "", reason, detail)
+        self._tell(job_id, ended, reason, detail)
         held, claims, _ = ended
         if remember:
             self._lost.add(job_id, held, reason, claims)
-        return LostLock(job_id, token or held, reason)
+        return LostLock(job_id, token or held, reason, detail)
 
-    def _tell(self, job_id: str, ended: Ended, reason: Reason) -> None:
+    def _tell(self, job_id: str, ended: Ended, reason: Reason, detail: str = "") -> None:
         # One LockLost each: a target that raises its message must not leave
         # its traceback on another's.
         held, claims, _ = ended
         self._notes.extend(
-            (claim.target, LockLost(job_id, held, reason))
+            (claim.target, LockLost(job_id, held, reason, detail))
             for claim in claims
             if claim.target is not None
         )

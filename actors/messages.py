@@ -52,7 +52,10 @@ class TrackJob:
     tracks again never delays a renewal nor slides a deadline. A new token
     is a new lock: it replaces the old one, whose targets are told ``stolen``.
     A lock lost recently is not tracked again with the same token (a new
-    target is told of the loss at once).
+    target is told of the loss at once). A watched lock (one with a target)
+    whose renewal is not confirmed by its deadline is let go, and every
+    target told ``"unconfirmed"``. Asked, a track with a target answers the
+    lock's ``actors.jobs.Validity`` (its deadline), or ``None``.
     """
 
     #: The job's id, as in its lock key ``{prefix}:{queue}:{job_id}:lock``.
@@ -71,6 +74,10 @@ class TrackJob:
     #: End this claim only by an untrack that names ``notify`` (a lease's
     #: claim is kept so): an untrack without a target leaves it.
     keep: bool = False
+    #: This claim's safety margin in milliseconds (needs ``notify``): the
+    #: lock is trusted until ``lock_duration - safety_margin`` after its last
+    #: confirmed renewal's send; ``None`` for the manager's ``safety_margin``.
+    safety_margin: int | None = None
 
     def __post_init__(self) -> None:
         # The common case in one cheap test: a worker tracks by the thousand.
@@ -90,6 +97,16 @@ class TrackJob:
                 raise TypeError(f"keep must be a bool, got {type(self.keep).__name__}")
             if self.notify is None:
                 raise ValueError("keep=True needs a notify target: only its untrack ends the claim")
+        if self.safety_margin is not None:
+            _set(
+                self,
+                "safety_margin",
+                require_int(
+                    self.safety_margin, "safety_margin", minimum=0, maximum=MAX_DURATION_MS
+                ),
+            )
+            if self.notify is None:
+                raise ValueError("safety_margin needs a notify target: it is a watcher's margin")
 
 
 @dataclass(frozen=True, slots=True)

@@ -164,6 +164,10 @@ class _Core(Protocol):
         """Put ``envelope`` in the mailbox ahead of every later tick."""
         ...
 
+    def trusted_for(self, safety_margin: int | None = None) -> int:
+        """How long a watched lock is trusted after a confirmed renewal's send, in ms."""
+        ...
+
 
 class ManagerRef(pykka.ActorRef[Any]):
     """A :class:`~actors.LockManager`'s ``ActorRef``; use it as any pykka reference."""
@@ -187,6 +191,15 @@ class ManagerRef(pykka.ActorRef[Any]):
     def queue_name(self) -> str:
         """The name of the queue the manager renews for."""
         return self._core.queue_name
+
+    def trusted_for(self, safety_margin: int | None = None) -> int:
+        """Return how long a watched lock is trusted after a confirmed renewal's send, in ms.
+
+        Raises:
+            TypeError: ``safety_margin`` is not an ``int``.
+            ValueError: It does not fit the manager's ``lock_duration``.
+        """
+        return self._core.trusted_for(safety_margin)
 
     def on_own_thread(self) -> bool:
         """Whether the caller runs on the manager's own thread (in a callback)."""

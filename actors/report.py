@@ -56,7 +56,6 @@ class Reporter:
         self._on_failed = on_failed
         self._on_renewed = on_renewed
         self._on_error = on_error
-        self._failed_streak = 0
         self._late_streak = 0
         self._hinted = False
         #: Whether a callback runs now (read by other threads: see ManagerRef.ask).
@@ -109,7 +108,12 @@ class Reporter:
             "LockManager for queue %r: lost the lock of %d job(s): %s%s",
             name,
             len(lost),
-            ", ".join(f"{item} ({item.reason})" for item in lost[:_SHOWN]),
+            ", ".join(
+                f"{item} ({item.reason}: {item.detail})"
+                if item.detail
+                else f"{item} ({item.reason})"
+                for item in lost[:_SHOWN]
+            ),
             " ..." if len(lost) > _SHOWN else "",
         )
         expired = next((item for item in lost if item.reason == EXPIRED), None)
@@ -129,8 +133,10 @@ class Reporter:
 
     def failed(self, exc: Exception, jobs: int) -> None:
         """Count and log a tick whose Redis call failed; pass it to ``on_error``."""
-        self.counters.errors += 1
-        self._failed_streak += 1
+        counters = self.counters
+        counters.errors += 1
+        counters.failed_streak += 1
+        counters.last_error = f"{type(exc).__name__}: {exc}"
         # The first failure of a streak carries its traceback; during a long
         # outage the later ones are one line each.
         logger.error(
@@ -139,19 +145,21 @@ class Reporter:
             jobs,
             type(exc).__name__,
             exc,
-            exc_info=exc if self._failed_streak == 1 else None,
+            exc_info=exc if counters.failed_streak == 1 else None,
         )
         self._call(self._on_error, exc, "on_error")
 
     def succeeded(self) -> None:
         """Note a tick whose Redis call worked: ends a failure streak."""
-        if self._failed_streak:
+        counters = self.counters
+        if counters.failed_streak:
             logger.warning(
                 "LockManager for queue %r: renewals resumed after %d failed tick(s)",
                 self._keys.name,
-                self._failed_streak,
+                counters.failed_streak,
             )
-            self._failed_streak = 0
+            counters.failed_streak = 0
+            counters.last_error = ""
 
     def _call(self, callback: Callable[[Any], object] | None, arg: Any, name: str) -> None:
         if callback is None:

@@ -30,6 +30,8 @@ __all__ = [
     "MIN_REDIS_LOCK_DURATION",
     "Timing",
     "check_lock_duration",
+    "check_safety_margin",
+    "default_safety_margin",
     "due_mask",
     "monotonic_ms",
     "next_deadline",
@@ -124,6 +126,53 @@ class Timing:
     def margin(self) -> int:
         """Time a lock has left at the latest renewal attempt, in milliseconds."""
         return self.lock_duration - self.worst_gap
+
+
+def default_safety_margin(timing: Timing) -> int:
+    """Return the default ``safety_margin`` for ``timing``: half the timer interval (ms).
+
+    A watched lock is trusted until ``lock_duration - safety_margin`` after
+    the last renewal the server confirmed was sent. A watched lock is renewed
+    at every tick, so with the default windows (``lock_duration`` four
+    intervals) three renewals, each given a quarter of the interval by the
+    manager's own client (its command timeout), fit before the deadline, and
+    the half interval left covers the timer's lateness (milliseconds) and
+    the job's reaction to the news, before the server can expire the lock.
+
+    Args:
+        timing: The manager's windows.
+    """
+    return timing.interval // 2
+
+
+def check_safety_margin(
+    safety_margin: object, timing: Timing, argument: str = "safety_margin"
+) -> int:
+    """Return ``safety_margin`` (ms) as a plain ``int`` if a watched lock can live with it.
+
+    The margin must leave at least one timer interval between a renewal's
+    send and the deadline it earns, or a watched lock would be declared
+    ``"unconfirmed"`` before its next renewal could be confirmed.
+
+    Args:
+        safety_margin: The margin to check, in milliseconds.
+        timing: The manager's windows.
+        argument: The argument's name, for the error.
+
+    Raises:
+        TypeError: ``safety_margin`` is not an ``int``.
+        ValueError: It is negative, or not below ``lock_duration`` minus the
+            timer interval.
+    """
+    margin = require_int(safety_margin, argument, minimum=0, maximum=MAX_DURATION_MS)
+    most = timing.lock_duration - timing.interval
+    if margin >= most:
+        raise ValueError(
+            f"{argument} must be below lock_duration - interval ({timing.lock_duration} - "
+            f"{timing.interval} = {most} ms), got {margin}: a watched lock would be "
+            f"declared unconfirmed before its next renewal could be confirmed"
+        )
+    return margin
 
 
 def check_lock_duration(lock_duration: int) -> None:

@@ -51,7 +51,9 @@ class Counters:
 
     __slots__ = (
         "errors",
+        "failed_streak",
         "last_batch",
+        "last_error",
         "last_renewal",
         "last_tick_ms",
         "lateness_ms",
@@ -78,6 +80,10 @@ class Counters:
         self.lateness_ms = 0.0
         self.max_lateness_ms = 0.0
         self.min_margin_ms: float | None = None
+        #: Ticks whose Redis call failed since the last one that worked.
+        self.failed_streak = 0
+        #: The last failed tick's error, as ``"Type: message"``, or ``""``.
+        self.last_error = ""
 
     def tick(self, batch: int, calls: int, elapsed_ms: float) -> None:
         """Count one renewing tick."""

@@ -20,6 +20,7 @@ from actors.api import start_link, stop, track_job, untrack_job
 from actors.connection import client_for_url, client_like
 from actors.evalsha import DEFAULT_MAX_BATCH
 from actors.keys import QueueKeys
+from actors.lost import LockLost
 from actors.readback import lock_holds
 from actors.schedule import Timing, monotonic_ms
 
@@ -521,12 +522,22 @@ class ActorLockManager:
     # -- the manager, from any thread ----------------------------------
 
     def _tell_track(self, job_id: str, token: str, taken_ms: int) -> None:
+        # Watched, by this object (see tell): trusted only until its deadline.
         if self._manager is not None:
-            track_job(self._manager, job_id, token, ts=taken_ms)
+            track_job(self._manager, job_id, token, ts=taken_ms, notify=self)
 
     def _tell_untrack(self, job_id: str, token: str) -> None:
         if self._manager is not None:
-            untrack_job(self._manager, job_id, token=token)
+            untrack_job(self._manager, job_id, token=token, notify=self)
+
+    def tell(self, message: object) -> None:
+        """Hear of a lost lock from the manager, as every job's ``notify`` target.
+
+        Told on the manager's thread (its timer's, at a watched lock's
+        deadline): handed to the worker's loop, which aborts the run's signal.
+        """
+        if isinstance(message, LockLost):
+            self._to_loop(self._on_lost, [(message.job_id, message.token, message.reason)])
 
     def _to_loop(self, callback: Callable[..., object], *args: object) -> None:
         # Runs on another thread: hand over and return at once.

@@ -12,6 +12,7 @@ table goes to stdout after pytest's own output; the exit status is pytest's.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,7 +82,12 @@ def table(collector: Collector) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``tests/faults`` with the collector, print the table, return pytest's status."""
+    """Run ``tests/faults`` with the collector, print the table, return pytest's status.
+
+    The abort-before-steal scenarios run ``FAULT_RUNS`` times each (5 here,
+    1 in the default test run), to give their figures a spread.
+    """
+    os.environ.setdefault("FAULT_RUNS", "5")
     collector = Collector()
     args = [str(ROOT / "tests" / "faults"), "-q", "-p", "no:cacheprovider", *(argv or [])]
     status = pytest.main(args, plugins=[collector])

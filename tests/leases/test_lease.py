@@ -113,7 +113,10 @@ def test_leaving_after_a_loss_never_raises(
     with pytest.raises(LockLost) as raised:
         held.check()
     assert raised.value == LockLost("j", "t", "stolen")
-    assert str(raised.value) == "the lock of job 'j' is lost (stolen)"
+    assert str(raised.value) == (
+        "the lock of job 'j' is lost (stolen): the lock holds another worker's token "
+        f"(found {THRESHOLD_MS + 1} ms after its last renewal or taking)"
+    )
 
 
 def test_a_lease_is_entered_once(manager: ManagerRef) -> None:

@@ -13,13 +13,22 @@ each lease, whether and why its lock is lost after every step:
   job is due at every tick: ``stamp < tick time``) and finds another token or
   no key;
 - ``manager_stopped``: when the manager stops with the job tracked (a new
-  manager then takes over), or at once for a lease entered on a stopped one.
+  manager then takes over), or at once for a lease entered on a stopped one;
+- ``unconfirmed``: as soon as the clock reaches the lock's deadline (the last
+  confirmed renewal's send, or the taking, plus ``lock_duration`` minus the
+  safety margin) with no newer confirmation, seen by the lease itself at its
+  first look; the manager tells it at its next tick or at the timer's fire
+  for that deadline, and at the answer of a renewal that came too late (the
+  renewer may pause the clock during a call, as a paused process or a slow
+  round trip would).
 
 What it proves: every lease says exactly what the model says after every
-step (never early, never late, never a wrong reason); the manager tells each
-lease at most once, and only about its own lock; a lease left with its lock
-held never changes again; the manager tracks exactly the held, unlost leases.
-No Redis is involved.
+step (never early, never late, never a wrong reason); a lease never says
+``unconfirmed`` before its deadline and always says it at its deadline; the
+manager tells each lease at most once, and only about its own lock; a lease
+left with its lock held never changes again; the manager tracks exactly the
+held leases; the timer is armed for the grid or the earliest deadline before
+it. No Redis is involved.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 import actors
 from actors import ExtendLocks, Lease, LockLost, ManagerRef, QueueKeys
 from actors.lost import Reason
-from actors.schedule import Timing
+from actors.schedule import Timing, default_safety_margin, next_deadline
 from actors.scripts import EXPIRED, STOLEN, BatchOutcome
 from tests.support import ManualClock, ManualTimers
 
@@ -53,9 +62,15 @@ class Table:
         self.fail_next = False
         #: The ids of every call, in order.
         self.calls: list[list[str]] = []
+        #: Ms the next call takes on the clock (a pause of the process or the server).
+        self.pause_next = 0
+        self.clock: ManualClock | None = None
 
     def __call__(self, job_ids: Sequence[str], tokens: Sequence[str]) -> BatchOutcome:
         self.calls.append(list(job_ids))
+        if self.pause_next and self.clock is not None:
+            self.clock.advance(self.pause_next)
+            self.pause_next = 0
         if self.fail_next:
             self.fail_next = False
             raise RedisConnectionError("connection reset")
@@ -88,12 +103,21 @@ class Model:
     stamp: int
     #: When the manager stops renewing it (``max_hold``), or ``None``.
     deadline: int | None
+    #: What the lease says.
     reason: Reason | None = None
     #: Whether its lock was renewed at least once.
     renewed: bool = False
-    #: Whether the manager, rather than the lease itself, is to say so.
-    told: bool = False
+    #: What the manager told the lease, if it did.
+    told: Reason | None = None
+    #: Whether the current manager renews the lock for the lease.
+    tracked: bool = True
     open: bool = True
+
+    def tell(self, reason: Reason) -> None:
+        """The manager lets the lock go and tells the lease (its first word stands)."""
+        self.told = reason
+        self.reason = self.reason or reason
+        self.tracked = False
 
 
 class LeaseMachine(RuleBasedStateMachine):
@@ -114,6 +138,9 @@ class LeaseMachine(RuleBasedStateMachine):
         self, duration: int, max_hold: int | None, first: list[tuple[str, int | None]]
     ) -> None:
         self.timing = Timing(duration)
+        #: How long a lock is trusted after a confirmed send.
+        self.span = duration - default_safety_margin(self.timing)
+        self.table.clock = self.clock
         self.max_hold = max_hold
         self.stopped: list[ManagerRef] = []
         self._start_manager()
@@ -129,6 +156,8 @@ class LeaseMachine(RuleBasedStateMachine):
             clock=self.clock,
             timer=self.timers,
         )
+        #: The manager's next grid tick.
+        self.grid = self.clock.now + self.timing.interval
 
     def teardown(self) -> None:
         if hasattr(self, "manager"):
@@ -139,7 +168,7 @@ class LeaseMachine(RuleBasedStateMachine):
 
     def _held(self) -> list[Model]:
         """Leases the manager should be renewing."""
-        return [m for m in self.leases if m.open and m.reason is None]
+        return [m for m in self.leases if m.open and m.tracked]
 
     # -- rules -------------------------------------------------------------
 
@@ -168,7 +197,7 @@ class LeaseMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def enter_on_a_stopped_manager(self, data: st.DataObject) -> None:
         model = self._enter(self.stopped[-1], data.draw(st.sampled_from(self._free())), None)
-        model.reason = "manager_stopped"
+        model.reason, model.tracked = "manager_stopped", False
 
     def _done(self) -> list[Model]:
         """Open leases whose job has run a while: its lock was renewed, or lost."""
@@ -180,7 +209,7 @@ class LeaseMachine(RuleBasedStateMachine):
         """A job that has run a while finishes and leaves its lease."""
         model = data.draw(st.sampled_from(self._done()))
         model.lease.__exit__(None, None, None)
-        model.open = False
+        model.open = model.tracked = False
         # The worker deletes its lock once done.
         if self.table.held.get(model.lease.job_id) == model.token:
             del self.table.held[model.lease.job_id]
@@ -199,6 +228,11 @@ class LeaseMachine(RuleBasedStateMachine):
     @rule()
     def the_next_call_fails(self) -> None:
         self.table.fail_next = True
+
+    @rule(pause=st.integers(1, 600))
+    def the_next_call_pauses(self, pause: int) -> None:
+        """The next renewal's answer comes ``pause`` ms after it was sent."""
+        self.table.pause_next = pause
 
     @rule(data=st.data())
     def time_passes(self, data: st.DataObject) -> None:
@@ -239,53 +273,99 @@ class LeaseMachine(RuleBasedStateMachine):
         actors.stop(self.manager)
         self.stopped.append(self.manager)
         for model in self._held():
-            model.reason, model.told = "manager_stopped", True
+            model.tell("manager_stopped")
         self._start_manager()
+
+    def _unconfirmed(self, now: int) -> None:
+        """The manager lets go of every held lock whose deadline is at or before ``now``."""
+        for model in self._held():
+            if model.stamp + self.span <= now:
+                model.tell("unconfirmed")
 
     def _tick(self, at: int, message: ExtendLocks) -> None:
         now = self.clock.now
         fails = self.table.fail_next
+        pause = self.table.pause_next
         calls = len(self.table.calls)
+        deadline_fire = message.scheduled is not None and message.scheduled != self.grid
         self.manager.ask(message)
-        held = self._held()
-        for model in held:
+        if deadline_fire:
+            # The timer's fire for a watched deadline: it renews nothing.
+            assert self.table.calls[calls:] == []
+            self._unconfirmed(now)
+            return
+        if message.scheduled is not None:
+            self.grid = next_deadline(at, self.timing.interval, self.clock.now)
+        for model in self._held():
             if model.deadline is not None and model.deadline <= now:
-                model.reason, model.told = "max_hold", True
-        due = [model for model in held if model.reason is None and model.stamp < at]
+                model.tell("max_hold")
+        self._unconfirmed(now)
+        due = [model for model in self._held() if model.stamp < at]
         # The tick checked exactly the due leases' locks, in one call.
         sent = self.table.calls[calls:]
         assert len(sent) == (1 if due else 0), (sent, due)
         assert sorted(sent[0] if sent else []) == sorted(m.lease.job_id for m in due)
-        if fails:
-            return  # nothing is known to have run: each is retried next tick
-        for model in due:
-            value = self.table.held.get(model.lease.job_id)
-            if value == model.token:
-                model.stamp = at
-                model.renewed = True
-            else:
-                model.reason = EXPIRED if value is None else STOLEN
-                model.told = True
+        answered = now + (pause if due else 0)
+        if due:
+            assert self.clock.now == answered
+        if not fails:
+            for model in due:
+                value = self.table.held.get(model.lease.job_id)
+                if value != model.token:
+                    model.tell(EXPIRED if value is None else STOLEN)
+        # A deadline that passed while the call was out: lost, even if the
+        # call renewed the lock (nobody had confirmed it in time).
+        self._unconfirmed(answered)
+        if not fails:
+            for model in due:
+                if model.tracked:
+                    model.stamp = at
+                    model.renewed = True
 
     # -- invariants ----------------------------------------------------------
 
     @invariant()
     def each_lease_says_what_the_model_says(self) -> None:
+        now = self.clock.now
         for model in self.leases:
             held = model.lease
-            assert held.reason == model.reason, (held, model)
+            if model.open and model.reason is None and model.stamp + self.span <= now:
+                # The lease reads its deadline itself, before any tick.
+                model.reason = "unconfirmed"
+            assert held.reason == model.reason, (held, model, now)
             assert held.lost == (model.reason is not None)
             assert held.wait(0) == (model.reason is not None)
 
     @invariant()
+    def never_unconfirmed_before_the_deadline_never_held_past_it(self) -> None:
+        now = self.clock.now
+        for model in self.leases:
+            held, deadline = model.lease, model.lease.deadline
+            if not model.open or deadline is None:
+                continue
+            assert deadline == model.stamp + self.span, (held, model)
+            if held.reason == "unconfirmed":
+                assert deadline <= now
+            if held.reason is None:
+                assert now < deadline
+
+    @invariant()
     def the_manager_tells_each_lease_at_most_once_and_only_its_own_loss(self) -> None:
         for model in self.leases:
-            if model.told:
-                assert model.reason is not None
-                expected = [LockLost(model.lease.job_id, model.token, model.reason)]
+            if model.told is not None:
+                expected = [LockLost(model.lease.job_id, model.token, model.told)]
                 assert model.lease.told == expected, model
             else:
                 assert model.lease.told == [], model
+
+    @invariant()
+    def the_timer_waits_for_the_grid_or_an_earlier_deadline(self) -> None:
+        armed = self.timers.deadline
+        deadlines = [m.stamp + self.span for m in self._held()]
+        if armed != self.grid:
+            # A deadline fire: never after the grid, never after the earliest held deadline.
+            assert armed < self.grid
+        assert armed <= min([self.grid, *deadlines])
 
     @invariant()
     def the_manager_tracks_exactly_the_held_leases(self) -> None:
