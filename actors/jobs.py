@@ -213,7 +213,7 @@ class JobTable:
             self.stamps[job_id] = ts
             self.fresh[job_id] = None
             gone = self.watches.pop(job_id, None)
-            self.valid.pop(job_id, None)
+            self._unwatch(job_id)
             if held is not None and gone is not None and gone.targets:
                 replaced = (held, gone.targets)
             claims = ()
@@ -302,13 +302,13 @@ class JobTable:
     def _keep(self, job_id: str, claims: tuple[Claim, ...]) -> None:
         if len(claims) == 1 and claims[0].target is None and claims[0].deadline is None:
             self.watches.pop(job_id, None)
-            self.valid.pop(job_id, None)
+            self._unwatch(job_id)
             return
         deadlines = [claim.deadline for claim in claims if claim.deadline is not None]
         targets = tuple(claim.target for claim in claims if claim.target is not None)
         self.watches[job_id] = Watch(claims, targets, min(deadlines) if deadlines else None)
         if not targets:
-            self.valid.pop(job_id, None)
+            self._unwatch(job_id)
             return
         # One deadline per lock: the most careful of its watchers' margins.
         margin = max(self.margin if c.margin is None else c.margin for c in claims if c.target)
@@ -319,15 +319,23 @@ class JobTable:
         elif validity.span != span:
             validity.span = span
             validity.deadline = validity.confirmed + span
+            self.earliest = min(v.deadline for v in self.valid.values())
         if self.earliest is None or validity.deadline < self.earliest:
             self.earliest = validity.deadline
+
+    def _unwatch(self, job_id: str) -> None:
+        """Forget the lock's validity; the earliest deadline is then that of the others."""
+        validity = self.valid.pop(job_id, None)
+        if validity is not None and validity.deadline == self.earliest:
+            # A stale earliest would arm the timer for a deadline nobody has.
+            self.earliest = min((v.deadline for v in self.valid.values()), default=None)
 
     def _drop(self, job_id: str) -> None:
         del self.tokens[job_id]
         del self.stamps[job_id]
         self.fresh.pop(job_id, None)
         self.watches.pop(job_id, None)
-        self.valid.pop(job_id, None)
+        self._unwatch(job_id)
 
     def confirm(self, now: int) -> list[str]:
         """Move each watched lock's deadline to its last confirmed renewal; return those past it.

@@ -281,3 +281,40 @@ def test_a_lost_lock_remembers_each_target_told_once_and_its_first_reason() -> N
 
     assert gone is not None and gone.reason == "expired"
     assert gone.told == (a, None, b)
+
+
+_steps = st.lists(
+    st.tuples(
+        st.sampled_from(["track", "untrack", "untrack_target", "stamp", "confirm"]),
+        st.sampled_from(["a", "b", "c"]),
+        st.sampled_from(["t1", "t2"]),
+        st.sampled_from([None, 0, 1]),
+        st.integers(0, 50),
+        st.one_of(st.none(), st.integers(1, 40)),
+    ),
+    max_size=40,
+)
+
+
+@given(_steps)
+def test_the_earliest_deadline_is_always_that_of_a_watched_lock(steps: list[tuple]) -> None:
+    # A stale earliest deadline arms the manager's timer for a fire nobody needs.
+    jobs = JobTable(lock_duration=100)
+    targets = [Target(), Target()]
+    now = 0
+    for kind, job_id, token, target, step, margin in steps:
+        now += step
+        notify = None if target is None else targets[target]
+        if kind == "track":
+            jobs.track(job_id, token, now, notify, None, False, margin if notify else None)
+        elif kind == "untrack":
+            jobs.untrack(job_id, token)
+        elif kind == "untrack_target" and notify is not None:
+            jobs.untrack(job_id, None, notify)
+        elif kind == "stamp" and job_id in jobs:
+            jobs.stamp([job_id], now)
+        elif kind == "confirm":
+            for overdue in jobs.confirm(now):
+                jobs.untrack(overdue, everyone=True)
+        deadlines = [validity.deadline for validity in jobs.valid.values()]
+        assert jobs.earliest == min(deadlines, default=None)
