@@ -201,7 +201,7 @@ def test_a_callback_stopping_a_job_actor_that_untracks_with_wait_does_not_deadlo
                 job.stop(timeout=STOP_TIMEOUT_S)
             # and the timer's tick, which jumps the mailbox, put while still in
             # the callback, when the lock is due again
-            timers[0].fire(clock.advance(TTL))
+            timers[0].fire(clock.advance(TTL // 2))
             outcome["stopped"] = True
         except Exception as error:
             outcome["stopped"] = error
@@ -220,7 +220,7 @@ def test_a_callback_stopping_a_job_actor_that_untracks_with_wait_does_not_deadlo
         wait_for(lambda: table.held and is_tracked(manager, "j"), PROMPT_S, "the job's track")
 
         # when a tick renews the job's lock and so calls back
-        clock.advance(TTL)
+        clock.advance(TTL // 2)
         manager.tell(ExtendLocks())
 
         # then the callback's stop returned: the actor untracked without waiting for it
