@@ -13,12 +13,13 @@ Example:
 The layers, each importing only from those above it in this list: pure logic
 (:mod:`~actors.validation`, :mod:`~actors.keys`, :mod:`~actors.schedule`,
 :mod:`~actors.messages`, :mod:`~actors.lost`, :mod:`~actors.stats`,
-:mod:`~actors.jobs`); Redis I/O (:mod:`~actors.describe`,
-:mod:`~actors.connection`, :mod:`~actors.outcome`, :mod:`~actors.evalsha`,
-:mod:`~actors.readback`, :mod:`~actors.scripts`, :mod:`~actors.renewer`); the
-actor (:mod:`~actors.timer`, :mod:`~actors.ref`, :mod:`~actors.report`,
-:mod:`~actors.lock_manager`, :mod:`~actors.api`, :mod:`~actors.aio`,
-:mod:`~actors.leases`); tools (:mod:`~actors.embedded`, :mod:`~actors.cli`,
+:mod:`~actors.jobs`, :mod:`~actors.operations`); Redis I/O
+(:mod:`~actors.describe`, :mod:`~actors.connection`, :mod:`~actors.outcome`,
+:mod:`~actors.evalsha`, :mod:`~actors.readback`, :mod:`~actors.scripts`,
+:mod:`~actors.renewer`); the actor (:mod:`~actors.timer`,
+:mod:`~actors.answer`, :mod:`~actors.admission`, :mod:`~actors.ref`,
+:mod:`~actors.report`, :mod:`~actors.lock_manager`, :mod:`~actors.api`,
+:mod:`~actors.aio`, :mod:`~actors.leases`); tools (:mod:`~actors.embedded`, :mod:`~actors.cli`,
 :mod:`~actors.bullmq`).
 ``tests/unit/test_layers.py`` keeps it so.
 

@@ -28,17 +28,19 @@ import pykka
 
 from actors import api
 from actors._loop import call_in_loop, set_exception, set_result
-from actors.messages import (
-    GetActiveJobCount,
-    GetStats,
-    GetTrackedJobIds,
-    IsTracked,
-    UntrackJob,
+from actors.answer import Answer
+from actors.operations import (
+    GET_ACTIVE_JOB_COUNT,
+    GET_STATS,
+    GET_TRACKED_JOB_IDS,
+    IS_TRACKED,
+    UNTRACK_JOB,
 )
-from actors.ref import Answer, ManagerRef, ManagerStopped, on_a_manager_thread, require_manager
+from actors.ref import ManagerRef, ManagerStopped, on_a_manager_thread, require_manager
 
 if TYPE_CHECKING:
     from actors.messages import Notify
+    from actors.operations import Operation
     from actors.stats import Stats
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 #: Longest pause, in seconds, between two looks at a future that cannot call back.
@@ -161,6 +164,13 @@ async def ask(manager: ManagerRef, message: Any, *, timeout: float | None = None
         raise ref.stopped_error() from None
 
 
+async def _query(
+    manager: ManagerRef, operation: Operation[Any, R], *args: Any, timeout: float | None
+) -> R:
+    answered: R = await ask(manager, operation.build(*args), timeout=timeout)
+    return answered
+
+
 async def untrack_job(
     manager: ManagerRef,
     job_id: str,
@@ -189,11 +199,11 @@ async def untrack_job(
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
     ref = require_manager(manager)
-    message = UntrackJob(job_id, token, notify)
+    message = UNTRACK_JOB.build(job_id, token, notify)
     try:
         await ask(ref, message, timeout=timeout)
     except ManagerStopped:
-        ref.ignored("untrack_job")
+        ref.ignored(UNTRACK_JOB.name)
 
 
 async def get_active_job_count(manager: ManagerRef, *, timeout: float | None = None) -> int:
@@ -203,8 +213,7 @@ async def get_active_job_count(manager: ManagerRef, *, timeout: float | None = N
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    count: int = await ask(manager, GetActiveJobCount(), timeout=timeout)
-    return count
+    return await _query(manager, GET_ACTIVE_JOB_COUNT, timeout=timeout)
 
 
 async def get_tracked_job_ids(manager: ManagerRef, *, timeout: float | None = None) -> list[str]:
@@ -214,8 +223,7 @@ async def get_tracked_job_ids(manager: ManagerRef, *, timeout: float | None = No
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    ids: list[str] = await ask(manager, GetTrackedJobIds(), timeout=timeout)
-    return ids
+    return await _query(manager, GET_TRACKED_JOB_IDS, timeout=timeout)
 
 
 async def is_tracked(manager: ManagerRef, job_id: str, *, timeout: float | None = None) -> bool:
@@ -227,8 +235,7 @@ async def is_tracked(manager: ManagerRef, job_id: str, *, timeout: float | None 
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    tracked: bool = await ask(manager, IsTracked(job_id), timeout=timeout)
-    return tracked
+    return await _query(manager, IS_TRACKED, job_id, timeout=timeout)
 
 
 async def get_stats(manager: ManagerRef, *, timeout: float | None = None) -> Stats:
@@ -238,8 +245,7 @@ async def get_stats(manager: ManagerRef, *, timeout: float | None = None) -> Sta
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    stats: Stats = await ask(manager, GetStats(), timeout=timeout)
-    return stats
+    return await _query(manager, GET_STATS, timeout=timeout)
 
 
 async def stop(manager: ManagerRef, *, timeout: float | None = None) -> bool:

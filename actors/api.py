@@ -1,4 +1,4 @@
-"""The module helpers: the seed's API, one function per operation.
+"""The module helpers: one function per operation, and ``start_link`` and ``stop``.
 
 Each builds the operation's message (which checks its arguments in the
 caller's thread) and sends it to the manager; the queries wait for the answer.
@@ -7,16 +7,16 @@ From a manager's own thread (one of its callbacks) a query answers at once.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from actors.lock_manager import LockManager
-from actors.messages import (
-    GetActiveJobCount,
-    GetStats,
-    GetTrackedJobIds,
-    IsTracked,
-    TrackJob,
-    UntrackJob,
+from actors.operations import (
+    GET_ACTIVE_JOB_COUNT,
+    GET_STATS,
+    GET_TRACKED_JOB_IDS,
+    IS_TRACKED,
+    TRACK_JOB,
+    UNTRACK_JOB,
 )
 from actors.ref import ManagerRef, ManagerStopped, require_manager
 from actors.schedule import DEFAULT_LOCK_DURATION
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from actors.connection import Client
     from actors.lost import LostLock
     from actors.messages import Notify
+    from actors.operations import Operation
     from actors.renewer import Renewer
     from actors.stats import Stats
     from actors.timer import TimerFactory
@@ -42,6 +43,8 @@ __all__ = [
     "track_job",
     "untrack_job",
 ]
+
+R = TypeVar("R")
 
 
 def start_link(
@@ -94,11 +97,17 @@ def start_link(
     return ref
 
 
-def _send(manager: ManagerRef, message: object, what: str) -> None:
+def _send(manager: ManagerRef, operation: Operation[Any, Any], *args: Any) -> None:
     try:
-        manager.tell(message)
+        manager.tell(operation.build(*args))
     except ManagerStopped:
-        manager.ignored(what)
+        manager.ignored(operation.name)
+
+
+def _ask(manager: ManagerRef, operation: Operation[Any, R], *args: Any, timeout: float | None) -> R:
+    ref = require_manager(manager)
+    answer: R = ref.ask(operation.build(*args), timeout=timeout)
+    return answer
 
 
 def track_job(
@@ -140,7 +149,7 @@ def track_job(
     # Stamped here, in the caller's thread: the job's clock starts now,
     # however long the message then waits in the mailbox.
     stamp = ref.clock() if ts is None else ts
-    _send(ref, TrackJob(job_id, token, stamp, notify, max_hold), "track_job")
+    _send(ref, TRACK_JOB, job_id, token, stamp, notify, max_hold)
 
 
 def untrack_job(
@@ -189,14 +198,13 @@ def untrack_job(
         pykka.Timeout: With ``wait``, no answer within ``timeout`` seconds.
     """
     manager = require_manager(manager)
-    message = UntrackJob(job_id, token, notify)
     if not wait:
-        _send(manager, message, "untrack_job")
+        _send(manager, UNTRACK_JOB, job_id, token, notify)
         return
     try:
-        manager.ask(message, timeout=timeout)
+        _ask(manager, UNTRACK_JOB, job_id, token, notify, timeout=timeout)
     except ManagerStopped:
-        manager.ignored("untrack_job")
+        manager.ignored(UNTRACK_JOB.name)
 
 
 def get_active_job_count(manager: ManagerRef, *, timeout: float | None = None) -> int:
@@ -206,8 +214,7 @@ def get_active_job_count(manager: ManagerRef, *, timeout: float | None = None) -
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    count: int = require_manager(manager).ask(GetActiveJobCount(), timeout=timeout)
-    return count
+    return _ask(manager, GET_ACTIVE_JOB_COUNT, timeout=timeout)
 
 
 def get_tracked_job_ids(manager: ManagerRef, *, timeout: float | None = None) -> list[str]:
@@ -217,8 +224,7 @@ def get_tracked_job_ids(manager: ManagerRef, *, timeout: float | None = None) ->
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    ids: list[str] = require_manager(manager).ask(GetTrackedJobIds(), timeout=timeout)
-    return ids
+    return _ask(manager, GET_TRACKED_JOB_IDS, timeout=timeout)
 
 
 def is_tracked(manager: ManagerRef, job_id: str, *, timeout: float | None = None) -> bool:
@@ -230,8 +236,7 @@ def is_tracked(manager: ManagerRef, job_id: str, *, timeout: float | None = None
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    tracked: bool = require_manager(manager).ask(IsTracked(job_id), timeout=timeout)
-    return tracked
+    return _ask(manager, IS_TRACKED, job_id, timeout=timeout)
 
 
 def get_stats(manager: ManagerRef, *, timeout: float | None = None) -> Stats:
@@ -241,8 +246,7 @@ def get_stats(manager: ManagerRef, *, timeout: float | None = None) -> Stats:
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    stats: Stats = require_manager(manager).ask(GetStats(), timeout=timeout)
-    return stats
+    return _ask(manager, GET_STATS, timeout=timeout)
 
 
 def stop(manager: ManagerRef, *, timeout: float | None = None) -> bool:

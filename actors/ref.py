@@ -5,16 +5,11 @@ Everything that reaches the manager passes through its ``tell`` and ``ask`` —
 the module helpers, raw messages, and ``manager.proxy()`` calls, deferred or
 not — so this is where each door is made to behave the same:
 
-- a proxy call becomes the message of its operation, built (and so checked)
-  in the caller's thread: ``proxy.track_job("", t).defer()`` raises there,
-  as ``track_job(manager, "", t)`` and ``TrackJob("", t)`` do, instead of
-  failing inside the actor and stopping it;
-- a ``TrackJob`` without a time is stamped with the caller's clock;
+- what arrives is admitted by :func:`actors.admission.admit`: a proxy call
+  becomes its operation's message, checked in the caller's thread, and
+  anything else is refused there;
 - asked from the manager's own thread (a callback), a query is answered at
   once from the state right there instead of waiting for itself forever;
-- anything that is not one of the manager's messages (or pykka's own, as a
-  proxy or ``stop`` sends them) is refused with a ``TypeError``; what goes on
-  to the manager is built here from checked parts, never the caller's object;
 - a stopped manager says so (:class:`ManagerStopped`), and every message is
   either answered or refused: none is left in a mailbox nobody reads;
 - a stop asked for from any manager's thread (a callback) is sent, not waited
@@ -27,27 +22,20 @@ not — so this is where each door is made to behave the same:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
-import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pykka
 from pykka._envelope import Envelope
-from pykka.messages import ProxyCall, ProxyGetAttr, ProxySetAttr, _ActorStop
+from pykka.messages import ProxyCall, ProxyGetAttr, _ActorStop
 
-from actors.messages import (
-    ExtendLocks,
-    GetActiveJobCount,
-    GetStats,
-    GetTrackedJobIds,
-    IsTracked,
-    TrackJob,
-    UntrackJob,
-)
+from actors.admission import admit
+from actors.answer import Answer
+from actors.messages import ExtendLocks, UntrackJob
+from actors.operations import MESSAGES
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -56,78 +44,9 @@ __all__ = ["Answer", "ManagerRef", "ManagerStopped", "on_a_manager_thread", "req
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-#: The operations a proxy may call, and the message each one is.
-_OPERATIONS: dict[str, type] = {
-    "track_job": TrackJob,
-    "untrack_job": UntrackJob,
-    "get_active_job_count": GetActiveJobCount,
-    "get_tracked_job_ids": GetTrackedJobIds,
-    "is_tracked": IsTracked,
-    "get_stats": GetStats,
-    "extend_locks": ExtendLocks,
-}
-_MESSAGES = tuple(_OPERATIONS.values())
-#: The attributes a proxy may read: values, none of the manager's machinery
-#: (its mailbox, its locks, its methods run from another thread).
-_READABLE = frozenset({"queue_name", "actor_urn", "use_daemon_thread"})
-#: Messages that need nothing done on their way in: they checked themselves.
-_PASS = frozenset(_MESSAGES) - {TrackJob}
-
 
 class ManagerStopped(pykka.ActorDeadError):
     """The manager is stopped: it tracks nothing and answers nothing."""
-
-
-class Answer(pykka.ThreadingFuture[T]):
-    """A manager's answer to an ask: a pykka future that also calls back once set.
-
-    pykka's futures can only be waited on; a callback lets asyncio code (see
-    :mod:`actors.aio`) hear of the answer without a thread blocked on it.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._callbacks_lock = threading.Lock()
-        self._callbacks: list[Callable[[Answer[T]], object]] | None = []
-
-    def set(self, value: Any | None = None) -> None:
-        """Set the answer, then run the callbacks (on the setting thread)."""
-        super().set(value)
-        self._settled()
-
-    def set_exception(self, exc_info: Any = None) -> None:
-        """Set the failure (``sys.exc_info()`` when ``None``), then run the callbacks."""
-        if exc_info is None:
-            exc_info = sys.exc_info()
-        super().set_exception(exc_info)
-        self._settled()
-
-    def add_done_callback(self, callback: Callable[[Answer[T]], object]) -> None:
-        """Call ``callback(self)`` once the answer is set: at once if it is already.
-
-        It runs on the thread that sets the answer (the manager's, mostly):
-        keep it short. What it raises is logged.
-        """
-        with self._callbacks_lock:
-            if self._callbacks is not None:
-                self._callbacks.append(callback)
-                return
-        _call_back(callback, self)
-
-    def _settled(self) -> None:
-        with self._callbacks_lock:
-            callbacks, self._callbacks = self._callbacks or [], None
-        for callback in callbacks:
-            _call_back(callback, self)
-
-
-def _call_back(callback: Callable[[Answer[T]], object], answer: Answer[T]) -> None:
-    try:
-        callback(answer)
-    except Exception:
-        logger.warning("a callback of a LockManager's answer raised", exc_info=True)
 
 
 #: Every manager's reference, to know a manager's thread when one calls.
@@ -230,7 +149,7 @@ class ManagerRef(pykka.ActorRef[Any]):
             AttributeError: A proxy call of something that is not an operation.
             ManagerStopped: The manager is stopped.
         """
-        message = self._admit(message)
+        message = admit(message, self._core.clock)
         try:
             # The manager's mailbox refuses a message once it begins to stop.
             self._put(message, None)
@@ -252,14 +171,14 @@ class ManagerRef(pykka.ActorRef[Any]):
                 ``block=False``).
             pykka.Timeout: No answer within ``timeout`` seconds.
         """
-        message = self._admit(message)
+        message = admit(message, self._core.clock)
         if self.on_own_thread():
             if isinstance(message, ExtendLocks):
                 raise RuntimeError(
                     "a LockManager cannot wait for its own tick from its own thread (a "
                     "callback); tell it ExtendLocks() instead"
                 )
-            if isinstance(message, _MESSAGES):
+            if isinstance(message, MESSAGES):
                 return _answer(self._core.handle(message), block)
             if isinstance(message, ProxyGetAttr):
                 return _answer(getattr(self._core, message.attr_path[0]), block)
@@ -374,66 +293,6 @@ class ManagerRef(pykka.ActorRef[Any]):
             self.actor_inbox.put(Envelope(_ActorStop(), reply_to=reply))
             first, self._stop_sent = not self._stop_sent, True
         return first
-
-    def _admit(self, message: Any) -> Any:
-        cls = type(message)
-        if cls is TrackJob:
-            if message.ts is None:
-                return dataclasses.replace(message, ts=self._core.clock())
-            return message
-        if cls in _PASS:
-            return message
-        if cls is ProxyCall:
-            path, args, kwargs = _parts(message)
-            kind = _OPERATIONS.get(path[0]) if len(path) == 1 else None
-            if kind is None:
-                if path == ("stop",):
-                    if args or kwargs:
-                        raise TypeError("stop() takes no arguments through a proxy")
-                    return _STOP
-                raise AttributeError(
-                    f"LockManager has no operation {'.'.join(path)!r} for a proxy to call; "
-                    f"the operations are {', '.join(_OPERATIONS)}"
-                )
-            return self._admit(kind(*args, **kwargs))
-        if cls is ProxySetAttr:
-            raise AttributeError("a LockManager's attributes cannot be set through a proxy")
-        if cls is ProxyGetAttr:
-            path = _path(message.attr_path)
-            if len(path) != 1 or path[0] not in _READABLE:
-                raise AttributeError(
-                    f"a proxy can read only {', '.join(sorted(_READABLE))} of a LockManager, "
-                    f"not {'.'.join(path)!r}"
-                )
-            return ProxyGetAttr(attr_path=path)
-        if cls is _ActorStop:
-            return message
-        raise TypeError(
-            f"a LockManager takes its messages ({', '.join(m.__name__ for m in _MESSAGES)}) "
-            f"or proxy calls, got {cls.__name__}"
-        )
-
-
-#: What a proxy's ``stop()`` is forwarded as: built here, not the caller's.
-_STOP = ProxyCall(attr_path=("stop",), args=(), kwargs={})
-
-
-def _path(path: object) -> tuple[str, ...]:
-    """Return a proxy message's attribute path, as plain strings, or raise."""
-    if type(path) is not tuple or not all(type(name) is str for name in path):
-        raise TypeError(f"a proxy message's path must be a tuple of str, got {type(path).__name__}")
-    return path
-
-
-def _parts(message: ProxyCall) -> tuple[tuple[str, ...], tuple[Any, ...], dict[str, Any]]:
-    """Return a proxy call's path, arguments and keywords, each of its plain type, or raise."""
-    args, kwargs = message.args, message.kwargs
-    if type(args) is not tuple or type(kwargs) is not dict:
-        raise TypeError(
-            "a proxy call's args must be a tuple and its kwargs a dict, got "
-            f"{type(args).__name__} and {type(kwargs).__name__}"
-        )
-    return _path(message.attr_path), args, kwargs
 
 
 def require_manager(manager: object) -> ManagerRef:

@@ -3,78 +3,26 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextvars
-import logging
-import time
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-import pykka
-import redis
-import redis.asyncio
 from bullmq.abort_controller import AbortController
 
-from actors._loop import call_in_loop
-from actors.api import start_link, stop, track_job, untrack_job
-from actors.connection import client_for_url, client_like
+from actors.bullmq._client import renewal_client
+from actors.bullmq._close import attempt, must_wait, off_the_loop, stopper
+from actors.bullmq._renewal import Renewal
+from actors.bullmq._runs import LOCK_LOST, RUN_TOKEN, Runs, monotonic_from_wall
 from actors.evalsha import DEFAULT_MAX_BATCH
 from actors.keys import QueueKeys
-from actors.lost import LockLost
-from actors.readback import lock_holds
-from actors.schedule import Timing, monotonic_ms
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    import redis
+
     from actors.bullmq._hooks import Fetcher
-    from actors.lost import LostLock
     from actors.ref import ManagerRef
 
 __all__ = ["LOCK_LOST", "ActorLockManager"]
-
-logger = logging.getLogger("actors.bullmq")
-
-#: How the reason of an ``AbortSignal`` aborted for a lost lock begins.
-LOCK_LOST = "lock lost"
-
-#: Longest wait for the manager to stop when the worker closes, in seconds.
-_STOP_S = 10.0
-
-#: Why a run is lost when the same worker takes its job again with a new token.
-_TAKEN_AGAIN = "taken again"
-
-#: The token of the run of a job that the current task is processing.
-_RUN_TOKEN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "actors_bullmq_run_token", default=None
-)
-
-
-@dataclass(frozen=True, slots=True)
-class _Run:
-    """One run of a job this worker holds, from its fetch to its move."""
-
-    #: The token its lock holds.
-    token: str
-    #: When the lock was taken, in wall-clock milliseconds (bullmq's ``ts``).
-    wall_ms: int
-    #: Aborts the signal the processor was given, if it asked for one.
-    controller: AbortController | None = None
-    #: Why the manager reported the lock lost, if it did.
-    lost: str | None = None
-    #: A move of the job was sent and not yet answered.
-    moving: bool = False
-    #: The task processing it (bullmq's ``processJob``), once it has started.
-    task: asyncio.Task[Any] | None = None
-
-
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _monotonic_from_wall(wall_ms: int) -> int:
-    """Return the monotonic time, in ms, of a wall-clock instant in the recent past."""
-    return monotonic_ms() - max(0, _wall_ms() - wall_ms)
 
 
 class ActorLockManager:
@@ -144,14 +92,9 @@ class ActorLockManager:
         self._keys = QueueKeys.as_bullmq_names(
             worker.name, prefix=worker.opts.get("prefix", "bull")
         )
-        self._max_batch = max_batch
-        self._jobs: dict[str, _Run] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._manager: ManagerRef | None = None
-        self._conn: redis.Redis | redis.RedisCluster | None = None
-        self._owns_connection = False
+        self._runs = Runs(worker, self._keys.name, self._untrack, self._poke)
+        self._renewal: Renewal | None = None
         self.fetcher: Fetcher | None = None
-        self._reader: concurrent.futures.ThreadPoolExecutor | None = None
         self._shutdown: asyncio.Future[None] | None = None
         self._changed: asyncio.Event | None = None
         # bullmq-py turns renewal off for lockRenewTime <= 0; so does this.
@@ -162,32 +105,8 @@ class ActorLockManager:
         )
         if not self._renews:
             return
-        try:
-            timing = Timing(lock_duration, lock_renew_time)
-        except (TypeError, ValueError) as error:
-            raise type(error)(
-                f"worker options lockDuration={lock_duration!r}, "
-                f"lockRenewTime={lock_renew_time!r}: {error}"
-            ) from error
-        if connection is None:
-            options = worker.opts.get("connection", {})
-            if isinstance(options, (redis.asyncio.RedisCluster, redis.RedisCluster)):
-                raise TypeError(
-                    "the worker talks to a Redis Cluster: pass the renewal client yourself, "
-                    "use_actor_lock_manager(worker, connection=actors.connection."
-                    f"cluster_client(url, interval_ms={timing.interval}))"
-                )
-            connection = client_like(options, interval_ms=timing.interval)
-            self._owns_connection = True
-        elif isinstance(connection, str):
-            connection = client_for_url(connection, interval_ms=timing.interval)
-            self._owns_connection = True
-        elif not isinstance(connection, (redis.Redis, redis.RedisCluster)):
-            raise TypeError(
-                "connection must be a redis.Redis, a redis.RedisCluster or a URL, "
-                f"got {type(connection).__name__}"
-            )
-        self._conn = connection
+        conn, owned = renewal_client(worker, connection, lock_duration, lock_renew_time)
+        self._renewal = Renewal(self, self._runs, conn, owned, max_batch)
 
     # -- what the tests, examples and operators read ----------------------
 
@@ -204,7 +123,7 @@ class ActorLockManager:
     @property
     def connection(self) -> redis.Redis | redis.RedisCluster | None:
         """The synchronous client the manager renews with; ``None`` with renewal off."""
-        return self._conn
+        return None if self._renewal is None else self._renewal.connection
 
     @property
     def manager(self) -> ManagerRef | None:
@@ -212,7 +131,7 @@ class ActorLockManager:
 
         ``None`` before :meth:`start`, after :meth:`close` and with renewal off.
         """
-        return self._manager
+        return None if self._renewal is None else self._renewal.manager
 
     @property
     def tracked_jobs(self) -> dict[str, dict[str, Any]]:
@@ -221,10 +140,7 @@ class ActorLockManager:
         Each id maps to ``{"token", "ts", "abort_controller"}``. Changing the
         snapshot changes nothing: use :meth:`track_job` and :meth:`untrack_job`.
         """
-        return {
-            job_id: {"token": run.token, "ts": run.wall_ms, "abort_controller": run.controller}
-            for job_id, run in self._jobs.items()
-        }
+        return self._runs.snapshot()
 
     # -- the interface the Worker uses ----------------------------------
 
@@ -234,22 +150,9 @@ class ActorLockManager:
         Raises:
             RuntimeError: No event loop is running in this thread.
         """
-        if self.closing or self._manager is not None or self._conn is None:
+        if self.closing or self._renewal is None or self._renewal.manager is not None:
             return
-        self._loop = asyncio.get_running_loop()
-        self._manager = start_link(
-            connection=self._conn,
-            keys=self._keys,
-            lock_duration=self.lock_duration,
-            lock_renew_time=self.lock_renew_time,
-            on_lock_renewal_failed=self._lost_from_thread,
-            on_locks_renewed=self._renewed_from_thread,
-            on_error=self._error_from_thread,
-            max_batch=self._max_batch,
-        )
-        # Jobs tracked before the start are renewed from now on.
-        for job_id, run in self._jobs.items():
-            self._tell_track(job_id, run.token, _monotonic_from_wall(run.wall_ms))
+        self._renewal.start()
 
     def track_job(
         self,
@@ -279,19 +182,13 @@ class ActorLockManager:
             return None
         job_id = str(job_id)
         # Seen by untrack_job later in the same task: which run is ending.
-        _RUN_TOKEN.set(token)
+        RUN_TOKEN.set(token)
         controller = AbortController() if should_create_controller else None
         task = _current_task()
         if task is not None:
             task.add_done_callback(self._poke)
-        run = self._jobs.get(job_id)
-        if run is None or run.token != token:
-            self._replace(job_id, _Run(token, ts, controller, task=task))
-            self._tell_track(job_id, token, _monotonic_from_wall(ts))
-        else:
-            self._jobs[job_id] = replace(run, controller=controller, task=task)
-            if controller is not None and run.lost is not None:
-                controller.abort(_abort_reason(job_id, run.lost))
+        if self._runs.started(job_id, token, ts, controller, task) and self._renewal is not None:
+            self._renewal.track(job_id, token, monotonic_from_wall(ts))
         self._poke()
         return controller
 
@@ -304,10 +201,10 @@ class ActorLockManager:
         run's lock alone.
         """
         job_id = str(job_id)
-        run = self._jobs.get(job_id)
-        ending = _RUN_TOKEN.get()
+        run = self._runs.get(job_id)
+        ending = RUN_TOKEN.get()
         if run is not None and (ending is None or ending == run.token):
-            self.release(job_id, run.token)
+            self._runs.release(job_id, run.token)
 
     def cancel_job(self, job_id: str, reason: str | None = None) -> bool:
         """Abort ``job_id``'s signal with ``reason``.
@@ -315,7 +212,7 @@ class ActorLockManager:
         Returns:
             Whether the job is tracked and has a controller.
         """
-        run = self._jobs.get(str(job_id))
+        run = self._runs.get(str(job_id))
         if run is None or run.controller is None:
             return False
         run.controller.abort(reason)
@@ -323,21 +220,21 @@ class ActorLockManager:
 
     def cancel_all_jobs(self, reason: str | None = None) -> None:
         """Abort the signal of every tracked job that has a controller."""
-        for run in self._jobs.values():
+        for _, run in self._runs.items():
             if run.controller is not None:
                 run.controller.abort(reason)
 
     def get_active_job_count(self) -> int:
         """Return how many jobs are tracked."""
-        return len(self._jobs)
+        return len(self._runs)
 
     def get_tracked_job_ids(self) -> list[str]:
         """Return the tracked job ids."""
-        return list(self._jobs)
+        return self._runs.ids()
 
     def is_running(self) -> bool:
         """Whether the manager renews: started, not closed, renewal on."""
-        return not self.closed and self._manager is not None
+        return not self.closed and self.manager is not None
 
     async def close(self) -> None:
         """Stop renewing and forget every job, once bullmq has moved them. Idempotent.
@@ -356,7 +253,7 @@ class ActorLockManager:
         except RuntimeError:
             # Closed outside any loop: a worker's run() finalized by the
             # garbage collector after its loop was closed. Stop here.
-            self._finish(_attempt(self._release_all()))
+            self._finish(attempt(self._release_all()))
             return
         if self._shutdown is None:
             self._shutdown = asyncio.ensure_future(self._shut_down())
@@ -371,29 +268,12 @@ class ActorLockManager:
                 self._changed = asyncio.Event()
             self._changed.clear()
             await self._changed.wait()
-        release = self._release_all()
-        closer = concurrent.futures.ThreadPoolExecutor(1, f"bullmq-close-{self._keys.name}")
-        try:
-            failure = await asyncio.wrap_future(closer.submit(_attempt, release))
-        finally:
-            closer.shutdown(wait=True)
-        self._finish(failure)
+        self._finish(await off_the_loop(self._keys.name, self._release_all()))
 
     def _must_wait(self) -> bool:
         """Whether a graceful close must go on renewing: a run is still to be moved."""
-        if self._manager is None or getattr(self.worker, "forceClosing", False):
-            return False
-        running = bool(getattr(self.worker, "running", False))
-        # The worker's own processing tasks: a run tracked by other code (a
-        # test, a tool) is not the worker's to finish.
-        processing = getattr(self.worker, "processing", ())
-        for run in self._jobs.values():
-            if run.task is not None and not run.task.done() and run.task in processing:
-                return True
-            # Fetched, not yet processed: run() processes it while it runs.
-            if run.task is None and running:
-                return True
-        return False
+        runs = (run for _, run in self._runs.items())
+        return self.manager is not None and must_wait(self.worker, runs)
 
     def _poke(self, *_: object) -> None:
         if self._changed is not None:
@@ -402,75 +282,39 @@ class ActorLockManager:
     def _release_all(self) -> Callable[[], None]:
         """Forget every job; return what stops the threads and clients, to run off the loop."""
         self.closed = True
-        self._jobs.clear()
-        manager, self._manager = self._manager, None
+        self._runs.clear()
         fetcher, self.fetcher = self.fetcher, None
-        reader, self._reader = self._reader, None
-        conn = self._conn if self._owns_connection else None
-        name = self._keys.name
-
-        def release() -> None:
-            if fetcher is not None:
-                fetcher.close()
-            if reader is not None:
-                reader.shutdown(wait=True)
-            if manager is not None:
-                try:
-                    stop(manager, timeout=_STOP_S)
-                except pykka.Timeout:
-                    # The worker's close must end: say so, and leave the
-                    # manager's daemon threads to the process.
-                    raise TimeoutError(
-                        f"the lock manager of queue {name!r} did not stop within {_STOP_S:.0f} s"
-                    ) from None
-            if conn is not None:
-                conn.close()
-
-        return release
+        if self._renewal is None:
+            return stopper(self._keys.name, None, fetcher, None, None)
+        return self._renewal.stopper(fetcher)
 
     def _finish(self, failure: BaseException | None) -> None:
         if failure is not None:
-            self._emit("error", failure)
+            self._runs.emit("error", failure)
 
     # -- runs: taken, moving, moved ----------------------------------------
 
     def taken(self, job_id: str, token: str, sent_ms: int, sent_wall_ms: int) -> None:
         """Track a job the fetch took; runs on the fetch thread, when the server answers."""
-        # The loop hears of the run before the manager can report on it:
-        # calls handed to the loop keep their order.
-        self._to_loop(self._fetched, job_id, _Run(token, sent_wall_ms))
-        self._tell_track(job_id, token, sent_ms)
+        if self._renewal is not None:
+            self._renewal.taken(job_id, token, sent_ms, sent_wall_ms)
 
     def abandoned(self, job_id: str, token: str) -> None:
         """Untrack a job whose fetch nobody awaits any more: no processor will run it."""
-        self._tell_untrack(job_id, token)
-        self._to_loop(self.release, job_id, token)
+        if self._renewal is not None:
+            self._renewal.abandoned(job_id, token)
 
     def moving(self, job_id: str, token: str) -> bool:
         """Mark the run holding ``token`` as being moved; return whether one was."""
-        run = self._jobs.get(job_id)
-        if run is None or run.token != token or run.moving:
-            return False
-        self._jobs[job_id] = replace(run, moving=True)
-        return True
+        return self._runs.moving(job_id, token)
 
     def moved(self, job_id: str, token: str, *, stayed: bool) -> None:
         """The move of the run holding ``token`` ended: the job left, or ``stayed`` active."""
-        run = self._jobs.get(job_id)
-        if run is None or run.token != token:
-            return
-        if stayed:
-            self._jobs[job_id] = replace(run, moving=False)
-        else:
-            self.release(job_id, token)
+        self._runs.moved(job_id, token, stayed=stayed)
 
     def release(self, job_id: str, token: str) -> None:
         """Untrack the run holding ``token``, if it is still the job's run."""
-        run = self._jobs.get(job_id)
-        if run is not None and run.token == token:
-            del self._jobs[job_id]
-            self._tell_untrack(job_id, token)
-            self._poke()
+        self._runs.release(job_id, token)
 
     def release_unstarted(self, job_id: str, token: str) -> None:
         """Untrack the run of ``job_id`` fetched with ``token`` if its processor never started.
@@ -479,9 +323,7 @@ class ActorLockManager:
         ``active`` listener raised, the job's data could not be read): its
         lock is left to expire, and a stalled check hands it on.
         """
-        run = self._jobs.get(job_id)
-        if run is not None and run.token == token and run.task is None:
-            self.release(job_id, token)
+        self._runs.release_unstarted(job_id, token)
 
     async def lock_held(self, job_id: str, token: str) -> bool:
         """Whether the job's lock still holds ``token``; ``True`` when it cannot be read.
@@ -491,121 +333,11 @@ class ActorLockManager:
         counts as held: renewing a lock that is gone costs one report, leaving
         a held one unrenewed loses the job.
         """
-        conn = self._conn
-        if conn is None or self.closed:
-            return True
-        if self._reader is None:
-            self._reader = concurrent.futures.ThreadPoolExecutor(
-                1, f"bullmq-read-{self._keys.name}"
-            )
-        try:
-            read = self._reader.submit(lock_holds, conn, self._keys, job_id, token)
-            return await asyncio.wrap_future(read)
-        except Exception:
-            logger.warning(
-                "queue %r: could not read job %r's lock after its move failed; renewing it again",
-                self._keys.name,
-                job_id,
-                exc_info=True,
-            )
-            return True
+        return True if self._renewal is None else await self._renewal.lock_held(job_id, token)
 
-    def _replace(self, job_id: str, run: _Run) -> None:
-        """Make ``run`` the job's run; a live run it replaces has lost its lock."""
-        old = self._jobs.get(job_id)
-        self._jobs[job_id] = run
-        if old is not None and old.token != run.token and not old.moving and old.lost is None:
-            # The job was handed back and this worker took it again: the
-            # old run's lock is gone, and its processor must hear so.
-            self._report_lost([(job_id, old, _TAKEN_AGAIN)])
-
-    # -- the manager, from any thread ----------------------------------
-
-    def _tell_track(self, job_id: str, token: str, taken_ms: int) -> None:
-        # Watched, by this object (see tell): trusted only until its deadline.
-        if self._manager is not None:
-            track_job(self._manager, job_id, token, ts=taken_ms, notify=self)
-
-    def _tell_untrack(self, job_id: str, token: str) -> None:
-        if self._manager is not None:
-            untrack_job(self._manager, job_id, token=token, notify=self)
-
-    def tell(self, message: object) -> None:
-        """Hear of a lost lock from the manager, as every job's ``notify`` target.
-
-        Told on the manager's thread (its timer's, at a watched lock's
-        deadline): handed to the worker's loop, which aborts the run's signal.
-        """
-        if isinstance(message, LockLost):
-            self._to_loop(self._on_lost, [(message.job_id, message.token, message.reason)])
-
-    def _to_loop(self, callback: Callable[..., object], *args: object) -> None:
-        # Runs on another thread: hand over and return at once.
-        loop = self._loop
-        if loop is not None and not self.closed and not call_in_loop(loop, callback, *args):
-            logger.debug("worker loop of queue %r closed; report dropped", self._keys.name)
-
-    def _lost_from_thread(self, lost: list[LostLock]) -> None:
-        self._to_loop(self._on_lost, [(item.job_id, item.token, item.reason) for item in lost])
-
-    def _renewed_from_thread(self, job_ids: list[str]) -> None:
-        self._to_loop(self._on_renewed, [str(job_id) for job_id in job_ids])
-
-    def _error_from_thread(self, error: Exception) -> None:
-        self._to_loop(self._emit, "error", error)
-
-    # -- on the worker's loop ---------------------------------------------
-
-    def _fetched(self, job_id: str, run: _Run) -> None:
-        current = self._jobs.get(job_id)
-        if not self.closed and (current is None or current.token != run.token):
-            self._replace(job_id, run)
-            self._poke()
-
-    def _on_lost(self, lost: list[tuple[str, str, str]]) -> None:
-        if self.closed:
-            return
-        reported = []
-        for job_id, token, why in lost:
-            run = self._jobs.get(job_id)
-            # Gone or moving: bullmq moved the job (or is moving it), and the
-            # move deleted its lock. Another token: the report is about an
-            # earlier run of a job taken again, told when it was replaced.
-            if run is None or run.lost is not None or run.moving or token != run.token:
-                continue
-            self._jobs[job_id] = replace(run, lost=why)
-            reported.append((job_id, run, why))
-        self._report_lost(reported)
-
-    def _report_lost(self, lost: list[tuple[str, _Run, str]]) -> None:
-        """Abort each run's signal, then emit the events bullmq-py emits, once per report."""
-        for job_id, run, why in lost:
-            if run.controller is not None:
-                run.controller.abort(_abort_reason(job_id, why))
-        if lost:
-            self._emit("lockRenewalFailed", [job_id for job_id, _, _ in lost])
-            for job_id, _, _ in lost:
-                self._emit("error", Exception(f"could not renew lock for job {job_id}"))
-
-    def _on_renewed(self, job_ids: list[str]) -> None:
-        if not self.closed:
-            self._emit("locksRenewed", {"count": len(job_ids), "jobIds": job_ids})
-
-    def _emit(self, event: str, *args: object) -> None:
-        # A listener that raises becomes an "error" event, as in bullmq-py.
-        try:
-            self.worker.emit(event, *args)
-        except Exception as error:
-            if event == "error":
-                logger.warning(
-                    "an 'error' listener of queue %r raised", self._keys.name, exc_info=True
-                )
-            else:
-                self._emit("error", error)
-
-
-def _abort_reason(job_id: str, why: str) -> str:
-    return f"{LOCK_LOST} ({why}): job {job_id}"
+    def _untrack(self, job_id: str, token: str) -> None:
+        if self._renewal is not None:
+            self._renewal.untrack(job_id, token)
 
 
 def _current_task() -> asyncio.Task[Any] | None:
@@ -613,11 +345,3 @@ def _current_task() -> asyncio.Task[Any] | None:
         return asyncio.current_task()
     except RuntimeError:
         return None
-
-
-def _attempt(action: Callable[[], None]) -> BaseException | None:
-    try:
-        action()
-    except Exception as error:
-        return error
-    return None

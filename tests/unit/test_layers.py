@@ -13,9 +13,20 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "actors"
 
 LAYERS = [
-    ["_loop", "validation", "keys", "schedule", "messages", "lost", "stats", "jobs"],
+    ["_loop", "validation", "keys", "schedule", "messages", "lost", "stats", "jobs", "operations"],
     ["describe", "connection", "outcome", "evalsha", "readback", "scripts", "renewer"],
-    ["_telemetry", "timer", "ref", "report", "lock_manager", "api", "aio", "leases"],
+    [
+        "_telemetry",
+        "timer",
+        "answer",
+        "admission",
+        "ref",
+        "report",
+        "lock_manager",
+        "api",
+        "aio",
+        "leases",
+    ],
     ["_keeper", "embedded", "cli", "__main__", "bullmq"],
 ]
 ORDER = {name: (layer, i) for layer, names in enumerate(LAYERS) for i, name in enumerate(names)}

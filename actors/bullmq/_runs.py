@@ -1,0 +1,224 @@
+"""The runs a bullmq worker holds, from the fetch that takes each lock to its move.
+
+A run is one job held with one token. The table of runs is read and changed
+on the worker's event loop; what it reports (a lost lock, renewed locks) goes
+to the worker as bullmq-py's events and to the processor's ``AbortSignal``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from actors.schedule import monotonic_ms
+
+if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Callable, Iterable
+
+    from bullmq.abort_controller import AbortController
+
+__all__ = ["LOCK_LOST", "RUN_TOKEN", "Run", "Runs", "monotonic_from_wall", "wall_ms"]
+
+logger = logging.getLogger("actors.bullmq")
+
+#: How the reason of an ``AbortSignal`` aborted for a lost lock begins.
+LOCK_LOST = "lock lost"
+
+#: Why a run is lost when the same worker takes its job again with a new token.
+_TAKEN_AGAIN = "taken again"
+
+#: The token of the run of a job that the current task is processing.
+RUN_TOKEN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "actors_bullmq_run_token", default=None
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One run of a job this worker holds, from its fetch to its move."""
+
+    #: The token its lock holds.
+    token: str
+    #: When the lock was taken, in wall-clock milliseconds (bullmq's ``ts``).
+    wall_ms: int
+    #: Aborts the signal the processor was given, if it asked for one.
+    controller: AbortController | None = None
+    #: Why the manager reported the lock lost, if it did.
+    lost: str | None = None
+    #: A move of the job was sent and not yet answered.
+    moving: bool = False
+    #: The task processing it (bullmq's ``processJob``), once it has started.
+    task: asyncio.Task[Any] | None = None
+
+
+def wall_ms() -> int:
+    """Return the wall-clock time in milliseconds, as bullmq stamps a job."""
+    return time.time_ns() // 1_000_000
+
+
+def monotonic_from_wall(wall: int) -> int:
+    """Return the monotonic time, in ms, of a wall-clock instant in the recent past."""
+    return monotonic_ms() - max(0, wall_ms() - wall)
+
+
+class Runs:
+    """The table of runs, by job id; used on the worker's loop only.
+
+    Args:
+        worker: The bullmq ``Worker``; its ``emit`` delivers the events.
+        name: The queue's name, for the log.
+        untrack: Stops the manager renewing a job's lock held with a token.
+        changed: Called whenever a run ends, so a close waiting for it looks again.
+    """
+
+    def __init__(
+        self,
+        worker: Any,
+        name: str,
+        untrack: Callable[[str, str], None],
+        changed: Callable[[], None],
+    ) -> None:
+        self._worker = worker
+        self._name = name
+        self._untrack = untrack
+        self._changed = changed
+        self._runs: dict[str, Run] = {}
+
+    def get(self, job_id: str) -> Run | None:
+        """Return the job's run, if this worker holds it."""
+        return self._runs.get(job_id)
+
+    def items(self) -> Iterable[tuple[str, Run]]:
+        """Return each held job's id and run."""
+        return self._runs.items()
+
+    def ids(self) -> list[str]:
+        """Return the held jobs' ids."""
+        return list(self._runs)
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def clear(self) -> None:
+        """Forget every run."""
+        self._runs.clear()
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        """Return each job as bullmq-py's ``tracked_jobs`` shows it."""
+        return {
+            job_id: {"token": run.token, "ts": run.wall_ms, "abort_controller": run.controller}
+            for job_id, run in self._runs.items()
+        }
+
+    def started(
+        self,
+        job_id: str,
+        token: str,
+        ts: int,
+        controller: AbortController | None,
+        task: asyncio.Task[Any] | None,
+    ) -> bool:
+        """Record that the job's processor started; return whether it is a new run.
+
+        A run the fetch already recorded keeps the time its lock was taken
+        and gets the controller; a controller for a lock already lost starts
+        aborted.
+        """
+        run = self._runs.get(job_id)
+        if run is None or run.token != token:
+            self.replace(job_id, Run(token, ts, controller, task=task))
+            return True
+        self._runs[job_id] = replace(run, controller=controller, task=task)
+        if controller is not None and run.lost is not None:
+            controller.abort(_abort_reason(job_id, run.lost))
+        return False
+
+    def fetched(self, job_id: str, run: Run) -> None:
+        """Record a run the fetch took, unless the job already has a run of that token."""
+        current = self._runs.get(job_id)
+        if current is None or current.token != run.token:
+            self.replace(job_id, run)
+            self._changed()
+
+    def replace(self, job_id: str, run: Run) -> None:
+        """Make ``run`` the job's run; a live run it replaces has lost its lock."""
+        old = self._runs.get(job_id)
+        self._runs[job_id] = run
+        if old is not None and old.token != run.token and not old.moving and old.lost is None:
+            # The job was handed back and this worker took it again: the
+            # old run's lock is gone, and its processor must hear so.
+            self._report_lost([(job_id, old, _TAKEN_AGAIN)])
+
+    def moving(self, job_id: str, token: str) -> bool:
+        """Mark the run holding ``token`` as being moved; return whether one was."""
+        run = self._runs.get(job_id)
+        if run is None or run.token != token or run.moving:
+            return False
+        self._runs[job_id] = replace(run, moving=True)
+        return True
+
+    def moved(self, job_id: str, token: str, *, stayed: bool) -> None:
+        """The move of the run holding ``token`` ended: the job left, or ``stayed`` active."""
+        run = self._runs.get(job_id)
+        if run is None or run.token != token:
+            return
+        if stayed:
+            self._runs[job_id] = replace(run, moving=False)
+        else:
+            self.release(job_id, token)
+
+    def release(self, job_id: str, token: str) -> None:
+        """Untrack the run holding ``token``, if it is still the job's run."""
+        run = self._runs.get(job_id)
+        if run is not None and run.token == token:
+            del self._runs[job_id]
+            self._untrack(job_id, token)
+            self._changed()
+
+    def release_unstarted(self, job_id: str, token: str) -> None:
+        """Untrack the run of ``job_id`` held with ``token`` if its processor never started."""
+        run = self._runs.get(job_id)
+        if run is not None and run.token == token and run.task is None:
+            self.release(job_id, token)
+
+    def lost(self, lost: list[tuple[str, str, str]]) -> None:
+        """Report the runs whose locks the manager lost: ``(job id, token, why)`` each."""
+        reported = []
+        for job_id, token, why in lost:
+            run = self._runs.get(job_id)
+            # Gone or moving: bullmq moved the job (or is moving it), and the
+            # move deleted its lock. Another token: the report is about an
+            # earlier run of a job taken again, told when it was replaced.
+            if run is None or run.lost is not None or run.moving or token != run.token:
+                continue
+            self._runs[job_id] = replace(run, lost=why)
+            reported.append((job_id, run, why))
+        self._report_lost(reported)
+
+    def _report_lost(self, lost: list[tuple[str, Run, str]]) -> None:
+        """Abort each run's signal, then emit the events bullmq-py emits, once per report."""
+        for job_id, run, why in lost:
+            if run.controller is not None:
+                run.controller.abort(_abort_reason(job_id, why))
+        if lost:
+            self.emit("lockRenewalFailed", [job_id for job_id, _, _ in lost])
+            for job_id, _, _ in lost:
+                self.emit("error", Exception(f"could not renew lock for job {job_id}"))
+
+    def emit(self, event: str, *args: object) -> None:
+        """Emit a worker event; a listener that raises becomes an "error" event, as in bullmq-py."""
+        try:
+            self._worker.emit(event, *args)
+        except Exception as error:
+            if event == "error":
+                logger.warning("an 'error' listener of queue %r raised", self._name, exc_info=True)
+            else:
+                self.emit("error", error)
+
+
+def _abort_reason(job_id: str, why: str) -> str:
+    return f"{LOCK_LOST} ({why}): job {job_id}"
