@@ -9,9 +9,7 @@ untracks nothing and the next tick retries.
 All state lives on the actor's thread: other threads reach it only through
 messages, which its :class:`~actors.ref.ManagerRef` checks in their thread.
 What the manager has to say (counters, logs, callbacks) goes through its
-:class:`~actors.report.Reporter`. The module is longer than the others
-because pykka's proxy sees only the actor's own methods: the operations
-are written here once, each a one-line door onto its message.
+:class:`~actors.report.Reporter`.
 """
 
 from __future__ import annotations
@@ -47,6 +45,7 @@ from actors.messages import (
     TrackJob,
     UntrackJob,
 )
+from actors.operations import OPERATIONS
 from actors.ref import ManagerRef, ManagerStopped
 from actors.renewer import RedisRenewer
 from actors.report import Reporter
@@ -516,6 +515,15 @@ class LockManager(pykka.ThreadingActor):
                 return
         self._tick(scheduled)
 
+    def _on_count(self, _: GetActiveJobCount) -> int:
+        return len(self._jobs)
+
+    def _on_ids(self, _: GetTrackedJobIds) -> list[str]:
+        return self._jobs.ids()
+
+    def _on_stats(self, _: GetStats) -> Stats:
+        return self._stats()
+
     def _on_is_tracked(self, message: IsTracked) -> bool:
         job_id = message.job_id
         if type(job_id) is not str:
@@ -866,14 +874,9 @@ class LockManager(pykka.ThreadingActor):
         self._mailbox.put_first(envelope)
 
 
+#: Each message's handler, found through the one table of operations.
 _HANDLERS: dict[type, Callable[[LockManager, Any], Any]] = {
-    ExtendLocks: LockManager._on_extend,
-    TrackJob: LockManager._on_track,
-    UntrackJob: LockManager._on_untrack,
-    GetActiveJobCount: lambda actor, _: len(actor._jobs),
-    GetTrackedJobIds: lambda actor, _: actor._jobs.ids(),
-    IsTracked: LockManager._on_is_tracked,
-    GetStats: lambda actor, _: actor._stats(),
+    operation.message: getattr(LockManager, operation.handler) for operation in OPERATIONS
 }
 
 

@@ -297,7 +297,9 @@ _steps = st.lists(
 
 
 @given(_steps)
-def test_the_earliest_deadline_is_always_that_of_a_watched_lock(steps: list[tuple]) -> None:
+def test_the_earliest_deadline_is_always_that_of_a_watched_lock(
+    steps: list[tuple[str, str, str, int | None, int, int | None]],
+) -> None:
     # A stale earliest deadline arms the manager's timer for a fire nobody needs.
     jobs = JobTable(lock_duration=100)
     targets = [Target(), Target()]

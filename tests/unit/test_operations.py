@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from actors import aio, api, messages
+from actors import LockManager, aio, api, messages
 from actors.admission import admit
 from actors.operations import IS_TRACKED, MESSAGES, OPERATIONS, by_name
 
@@ -62,3 +62,7 @@ def _error_of(kind: type, *args: object) -> Exception:
     except (TypeError, ValueError) as error:
         return error
     raise AssertionError(f"{kind.__name__}{args!r} was built")  # pragma: no cover
+
+
+def test_every_operation_has_its_handler_on_the_manager() -> None:
+    assert all(callable(getattr(LockManager, op.handler, None)) for op in OPERATIONS)
