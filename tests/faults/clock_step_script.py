@@ -88,7 +88,7 @@ import redis  # noqa: E402
 # for ``tests.support``.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from actors import QueueKeys, Timing, get_stats, start_link, stop, track_job  # noqa: E402
+from actors import QueueKeys, Timing, get_stats, lease, start_link, stop, track_job  # noqa: E402
 from actors.embedded import EmbeddedServer  # noqa: E402
 from tests.support import alive, job_ids, take_locks  # noqa: E402
 
@@ -142,8 +142,11 @@ def run(url: str, jobs: int, lock_ms: int, seconds: float) -> dict[str, object]:
         on_lock_renewal_failed=failed.extend,
     )
     gaps.start(list(tokens))
-    for job_id, token in tokens.items():
-        track_job(manager, job_id, token)
+    watched, *plain = tokens
+    for job_id in plain:
+        track_job(manager, job_id, tokens[job_id])
+    # One job held through a lease: its deadline is on the monotonic clock too.
+    held_lease = lease(manager, watched, tokens[watched]).__enter__()
 
     steps = [(seconds / 4, HOUR), (seconds / 2, -HOUR), (3 * seconds / 4, -HOUR)]
     started = _time.monotonic()
@@ -158,12 +161,15 @@ def run(url: str, jobs: int, lock_ms: int, seconds: float) -> dict[str, object]:
     held = len(alive(direct, KEYS, tokens))
     stats = get_stats(manager, timeout=10)
     worst = gaps.pending_ms()
+    lease_lost = held_lease.reason
+    held_lease.__exit__(None, None, None)
     stop(manager)
     direct.close()
     return {
         "jobs": jobs,
         "alive": held,
         "lost": stats.lost + len(failed),
+        "lease_lost": lease_lost,
         "errors": stats.errors,
         "ticks": stats.ticks,
         "worst_gap_ms": round(worst),
@@ -195,6 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ok = (
         figures["alive"] == args.jobs
         and figures["lost"] == 0
+        and figures["lease_lost"] is None
         and float(figures["worst_gap_ms"]) < args.lock_duration  # type: ignore[arg-type]
         and figures["wall_steps_s"] == [HOUR, -HOUR, -HOUR]
     )

@@ -28,14 +28,14 @@ import redis
 
 import actors
 from actors import Timing, lease
+from actors.embedded import EmbeddedServer
 from tests.faults.conftest import KEYS
-from tests.support import new_token
+from tests.support import default_engine, new_token
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from actors import ManagerRef
-    from actors.embedded import EmbeddedServer
     from tests.faults.conftest import FaultRecord
     from tests.faults.proxy import FaultProxy
 
@@ -50,6 +50,14 @@ THIEF = """
 import sys, time, redis
 client = redis.Redis.from_url(sys.argv[1], socket_timeout=0.2)
 print("ready", flush=True)
+# Races only once the job's lock exists: before, the job is not anyone's.
+while True:
+    try:
+        if client.exists(sys.argv[2]):
+            break
+    except redis.RedisError:
+        pass
+    time.sleep(0.002)
 while True:
     try:
         # A SET that timed out in a pause may still run when the server
@@ -247,6 +255,66 @@ def test_redis_restarted_empty_the_job_is_told_within_a_tick(
     note(record, fault, told, expired, taken)
     # One interval, the client's timeout and retry, and a restart's reconnect.
     assert told - expired <= TIMING.interval + 2 * TIMING.interval // 4 + 1000
+
+
+def replicating(replica: redis.Redis, primary: EmbeddedServer) -> None:
+    """Make ``replica`` a replica of ``primary``; return once it holds the job's lock."""
+    # The first sync otherwise waits 5 s for other replicas to join it.
+    redis.Redis.from_url(primary.url).config_set("repl-diskless-sync-delay", 0)
+    replica.execute_command("REPLICAOF", primary.host, str(primary.port))  # type: ignore[no-untyped-call]
+    deadline = time.monotonic() + 10
+    while not (
+        replica.info("replication").get("master_link_status") == "up" and replica.exists(LOCK_KEY)
+    ):
+        assert time.monotonic() < deadline, "the replica never synced"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_failover_to_a_replica_that_missed_renewals_the_job_is_told_within_a_tick(
+    run: int,
+    private_server: EmbeddedServer,
+    proxy: FaultProxy,
+    direct: redis.Redis,
+    record: FaultRecord,
+) -> None:
+    record.fault = "failover to a replica that missed the last renewals"
+    record.asserted = "told within one interval + the command timeout of the failover"
+    second = EmbeddedServer(default_engine()).start()
+    replica = redis.Redis.from_url(second.url, socket_timeout=10)
+    manager = actors.start_link(connection=proxy.url, keys=KEYS, lock_duration=LOCK_MS)
+    thief_on_replica: Thief | None = None
+    try:
+        token = take(direct)
+        replicating(replica, private_server)
+        with lease(manager, "job", token) as held:
+            wait_renewed(manager)
+            watch = Watch(held)
+            # Given a replica cut off from its primary: it keeps the lock as
+            # the last replicated renewal left it, while the primary goes on
+            # confirming renewals, and another worker takes the job there
+            # once that copy expires
+            replica.execute_command("REPLICAOF", "NO", "ONE")  # type: ignore[no-untyped-call]
+            expired = now_ms() + int(replica.pttl(LOCK_KEY))
+            thief_on_replica = Thief(second.url)
+            taken = thief_on_replica.took(timeout=LOCK_MS / 1000 + 5)
+            assert not held.lost  # the primary still renews it
+            # When the worker fails over to that replica
+            proxy.upstream = (second.host, second.port)
+            fault = now_ms()
+            proxy.reset()
+            proxy.passthrough()
+            told = watch.result()
+            assert held.reason == "stolen"
+    finally:
+        actors.stop(manager)
+        if thief_on_replica is not None:
+            thief_on_replica.close()
+        replica.close()
+        second.stop()
+    note(record, fault, told, expired, taken)
+    # Then the job heard within a tick (the client's timeout and a reconnect) of the failover
+    assert told - fault <= TIMING.interval + TIMING.interval // 4 + 1000
 
 
 @pytest.mark.parametrize("run", RUNS)
