@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.bullmq.harness import OUTCOMES, Bench
+from tests.faults.conftest import record  # noqa: F401  (the fault table's row, for its bullmq row)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
