@@ -20,13 +20,22 @@ import redis
 
 from actors.embedded import EmbeddedServer
 
+
+def env_ints(name: str, default: str) -> tuple[int, ...]:
+    """The comma-separated whole numbers in the environment variable ``name``, or in ``default``."""
+    return tuple(int(part) for part in os.environ.get(name, default).split(",") if part.strip())
+
+
+#: Seed of the order contenders run in; each benchmark adds its own offset.
+SEED = int(os.environ.get("ACTORS_BENCH_SEED", "20260101"))
 #: Scripts slower than this many microseconds are logged by the server.
 SLOWLOG_THRESHOLD_US = 100
 #: Slow log entries the server keeps: more than a tick's script calls.
 SLOWLOG_LENGTH = 4096
-#: Socket timeout of the benchmark's own client, in seconds: resets of
-#: 100,000 locks and reads of the slow log must never time out.
-ADMIN_TIMEOUT = 300.0
+#: Generous bound, in seconds, on one tick, query or wait of a benchmark, and
+#: the socket timeout of its own client: resets of 100,000 locks and reads of
+#: the slow log must never time out.
+ASK_TIMEOUT = 300.0
 
 
 @dataclass
@@ -137,7 +146,7 @@ def report(bench_server: BenchServer) -> Iterator[Report]:
 @pytest.fixture(scope="module")
 def admin(bench_server: BenchServer) -> Iterator[redis.Redis]:
     """The benchmark's own client; the server is flushed before and after each module."""
-    client = redis.Redis.from_url(bench_server.url, socket_timeout=ADMIN_TIMEOUT)
+    client = redis.Redis.from_url(bench_server.url, socket_timeout=ASK_TIMEOUT)
     client.flushall()
     try:
         yield client

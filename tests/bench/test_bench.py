@@ -71,8 +71,15 @@ from actors import (
     untrack_job,
 )
 from actors.scripts import DEFAULT_MAX_BATCH, script_sha, script_source
-from tests.bench.conftest import SLOWLOG_LENGTH, SLOWLOG_THRESHOLD_US, markdown_table
-from tests.support import PackedCommands
+from tests.bench.conftest import (
+    ASK_TIMEOUT,
+    SEED,
+    SLOWLOG_LENGTH,
+    SLOWLOG_THRESHOLD_US,
+    env_ints,
+    markdown_table,
+)
+from tests.support import ManualClock, PackedCommands
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -82,12 +89,8 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.bench
 
 
-def _env_ints(name: str, default: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in os.environ.get(name, default).split(",") if part.strip())
-
-
 #: Numbers of due jobs per tick.
-SIZES = _env_ints("ACTORS_BENCH_SIZES", "100,1000,10000,100000")
+SIZES = env_ints("ACTORS_BENCH_SIZES", "100,1000,10000,100000")
 #: Timed rounds at 100,000 jobs; each contender
 #: runs once per round. Smaller sizes and the message rates are cheap and
 #: noisier: they get three times as many.
@@ -95,8 +98,6 @@ ROUNDS = int(os.environ.get("ACTORS_BENCH_ROUNDS", "7"))
 #: Timed rounds of the max_batch comparison (six managers of 100,000 jobs:
 #: a minute of the run at three rounds; no target rests on it).
 CHUNK_ROUNDS = int(os.environ.get("ACTORS_BENCH_CHUNK_ROUNDS", "3"))
-#: Seed of the per-round contender order.
-SEED = int(os.environ.get("ACTORS_BENCH_SEED", "20260101"))
 #: ``max_batch`` of the manager and the bare calls in the main comparison.
 MAX_BATCH = int(os.environ.get("ACTORS_BENCH_MAX_BATCH", str(DEFAULT_MAX_BATCH)))
 #: ``max_batch`` values compared at the largest size (the last one: all ids in one call).
@@ -105,6 +106,8 @@ BATCHES = (250, 500, 1000, 2000, 5000, max(SIZES))
 PER_JOB_MAX = 10_000
 #: Lock TTL set by every contender, in milliseconds.
 LOCK_DURATION = 30_000
+#: How far the manager's clock moves before a timed tick, in ms: every job is due.
+ALL_DUE_MS = 10 * LOCK_DURATION
 #: TTL for the managers that only track: long enough that no tick ever finds a job due.
 QUIET_LOCK_DURATION = 3_600_000
 #: Messages told per round in the messaging benchmark (half track, half untrack).
@@ -113,8 +116,6 @@ MESSAGES = 100_000
 MEMORY_JOBS = 100_000
 #: BullMQ keys, so the bullmq package and the manager renew the very same locks.
 KEYS = QueueKeys("bench", prefix="bull")
-#: Generous bound on one tick or one query, in seconds.
-ASK_TIMEOUT = 300.0
 
 #: BullMQ's one-job renewal script, as the bullmq package ships it.
 PER_JOB_SCRIPT = resources.files("bullmq") / "commands" / "extendLock-2.lua"
@@ -153,19 +154,6 @@ def counting_client(url: str) -> redis.Redis:
     return redis.Redis.from_url(
         url, socket_timeout=ASK_TIMEOUT, connection_class=CountingConnection
     )
-
-
-class ManualClock:
-    """The manager's clock, moved by the benchmark so that every job is due."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000
-
-    def __call__(self) -> int:
-        return self.now
-
-    def make_all_due(self) -> None:
-        self.now += 10 * LOCK_DURATION
 
 
 # -- the server's view -------------------------------------------------------
@@ -269,7 +257,7 @@ class TickContender:
         self.renewed.append(len(job_ids))
 
     def run(self) -> float:
-        self.clock.make_all_due()
+        self.clock.advance(ALL_DUE_MS)
         ticks = len(self.renewed)
         started = time.perf_counter()
         self.ref.ask(ExtendLocks(), timeout=ASK_TIMEOUT)
@@ -279,7 +267,7 @@ class TickContender:
 
     def query_delay(self) -> float:
         """Seconds a query asked right after a tick's message waits for its answer."""
-        self.clock.make_all_due()
+        self.clock.advance(ALL_DUE_MS)
         self.ref.tell(ExtendLocks())
         started = time.perf_counter()
         get_active_job_count(self.ref, timeout=ASK_TIMEOUT)

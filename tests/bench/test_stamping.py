@@ -51,7 +51,7 @@ from actors import (
     track_job,
 )
 from actors.schedule import monotonic_ms
-from tests.bench.conftest import markdown_table
+from tests.bench.conftest import ASK_TIMEOUT, SEED, env_ints, markdown_table
 from tests.bench.stamping import (
     BASELINE,
     NEW,
@@ -65,6 +65,7 @@ from tests.bench.stamping import (
     script_usec,
     track_ts,
 )
+from tests.support import ManualClock
 
 if TYPE_CHECKING:
     from tests.bench.conftest import BenchServer, Report
@@ -72,20 +73,12 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.bench
 
 
-def _env_ints(name: str, default: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in os.environ.get(name, default).split(",") if part.strip())
-
-
-#: Seed of the order the two ways run in.
-SEED = int(os.environ.get("ACTORS_BENCH_SEED", "20260101"))
 #: Socket timeout of the managers' clients, in seconds: a 100,000-job round
 #: trip must never time out here (the timeout rule is not what is measured).
 CLIENT_TIMEOUT = 30.0
-#: Generous bound on one query or one wait, in seconds.
-ASK_TIMEOUT = 300.0
 
 #: Tracked jobs in the renewal-rate runs.
-RATE_SIZES = _env_ints("ACTORS_BENCH_RATE_SIZES", "1000,10000")
+RATE_SIZES = env_ints("ACTORS_BENCH_RATE_SIZES", "1000,10000")
 #: Renew windows measured per run, after the warm-up.
 RATE_WINDOWS = int(os.environ.get("ACTORS_BENCH_RATE_WINDOWS", "8"))
 #: Lock TTL in the rate runs, in ms: a 2 s renew window, a 1 s timer interval.
@@ -274,16 +267,6 @@ def test_renewals_per_job_per_renew_window(
 
 
 # -- first renewal behind a big tick ----------------------------------------
-
-
-class ManualClock:
-    """A clock the benchmark moves so that every job is due at each hand-made tick."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000
-
-    def __call__(self) -> int:
-        return self.now
 
 
 def big_tick_seconds(url: str, ids: list[str], tokens: list[str]) -> float:

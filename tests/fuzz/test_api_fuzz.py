@@ -1,7 +1,7 @@
 """Every public door of a running manager, fuzzed against a real server.
 
 A hypothesis rule-based machine keeps a few real jobs (real locks, tracked
-through a random door) beside a stream of hostile calls: every helper, raw
+through a random door) beside a stream of malformed calls: every helper, raw
 ``tell``/``ask`` of each message and of garbage, proxy calls with ``get`` and
 ``defer``, manual ticks, and bursts from several threads at once, with
 arguments drawn from empty, non-``str``, huge, non-ASCII and unencodable
@@ -55,14 +55,14 @@ ANSWER_WITHIN = 2.0  # seconds: a live manager answers a query well inside this
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
 REFUSED = (TypeError, ValueError, AttributeError, RuntimeError)
 
-hostile_text = st.one_of(
+odd_text = st.one_of(
     st.just(""),
     st.text(max_size=8),
     st.text(alphabet=st.characters(codec="utf-8"), min_size=1, max_size=4),
     st.sampled_from(["bad-\udcff", "\ud800", "é", "工作", "\x00", "a:lock", "x" * 70_000]),
 )
-hostile = st.one_of(
-    hostile_text,
+odd_value = st.one_of(
+    odd_text,
     st.none(),
     st.booleans(),
     st.integers(min_value=-(2**70), max_value=2**70),
@@ -73,7 +73,7 @@ hostile = st.one_of(
 doors = st.sampled_from(["helper", "tell", "ask", "proxy", "defer"])
 
 
-def _hostile_call(manager: Any, door: str, operation: str, args: list[Any]) -> None:
+def _odd_call(manager: Any, door: str, operation: str, args: list[Any]) -> None:
     """One call of ``operation`` through ``door``; refusal at the caller is fine."""
     messages = {
         "track_job": TrackJob,
@@ -155,27 +155,27 @@ class ApiFuzz(RuleBasedStateMachine):
         del self.real[job_id]
         self.client.delete(KEYS.lock(job_id))
 
-    # -- hostile calls ---------------------------------------------------
+    # -- malformed calls -------------------------------------------------
 
     @rule(
         door=doors,
         operation=st.sampled_from(["track_job", "untrack_job", "is_tracked"]),
-        args=st.lists(hostile, min_size=1, max_size=3),
+        args=st.lists(odd_value, min_size=1, max_size=3),
     )
-    def call_with_hostile_arguments(self, door: str, operation: str, args: list[Any]) -> None:
+    def call_with_odd_arguments(self, door: str, operation: str, args: list[Any]) -> None:
         if operation == "untrack_job" and any(
             isinstance(arg, str) and arg.startswith("real-") for arg in args
         ):
-            return  # untracking a real job by its id is not hostile, just a release
+            return  # untracking a real job by its id is no malformed call, just a release
         if operation == "track_job" and args and isinstance(args[0], str):
             args[0] = "junk-" + args[0]  # never a real job's id
-        _hostile_call(self.manager, door, operation, args)
+        _odd_call(self.manager, door, operation, args)
 
-    @rule(door=doors, args=st.lists(hostile, max_size=1))
+    @rule(door=doors, args=st.lists(odd_value, max_size=1))
     def renew_now(self, door: str, args: list[Any]) -> None:
-        _hostile_call(self.manager, door, "extend_locks", args)
+        _odd_call(self.manager, door, "extend_locks", args)
 
-    @rule(garbage=hostile, ask=st.booleans())
+    @rule(garbage=odd_value, ask=st.booleans())
     def send_garbage(self, garbage: Any, ask: bool) -> None:
         # Not a message: refused at the caller, whichever way it is sent.
         with pytest.raises(TypeError):
@@ -186,7 +186,7 @@ class ApiFuzz(RuleBasedStateMachine):
 
     @rule(
         path=st.sampled_from([("on_start",), ("_jobs",), ("nope",), ("stop", "x"), ()]),
-        args=st.lists(hostile, max_size=2),
+        args=st.lists(odd_value, max_size=2),
     )
     def send_raw_proxy_messages(self, path: tuple[str, ...], args: list[Any]) -> None:
         with pytest.raises(REFUSED):
@@ -195,12 +195,12 @@ class ApiFuzz(RuleBasedStateMachine):
         with pytest.raises(AttributeError):
             self.manager.proxy().use_daemon_thread = False
 
-    @rule(args=st.lists(st.lists(hostile, min_size=2, max_size=2), min_size=4, max_size=4))
+    @rule(args=st.lists(st.lists(odd_value, min_size=2, max_size=2), min_size=4, max_size=4))
     def a_burst_from_four_threads(self, args: list[list[Any]]) -> None:
         def burst(pair: list[Any]) -> None:
             for door in ("helper", "tell", "defer", "proxy"):
-                _hostile_call(self.manager, door, "track_job", ["junk-burst", *pair[1:]])
-                _hostile_call(self.manager, door, "is_tracked", pair[:1])
+                _odd_call(self.manager, door, "track_job", ["junk-burst", *pair[1:]])
+                _odd_call(self.manager, door, "is_tracked", pair[:1])
                 get_active_job_count(self.manager, timeout=ANSWER_WITHIN)
 
         threads = [threading.Thread(target=burst, args=(pair,)) for pair in args]

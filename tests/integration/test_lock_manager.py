@@ -310,7 +310,11 @@ def test_tracking_again_with_a_new_token_renews_the_new_lock(
     assert recorder.lost() == []
 
 
-def test_callbacks_that_raise_change_nothing(engine_client: redis.Redis) -> None:
+def test_callbacks_that_raise_are_logged_and_change_nothing(
+    engine_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="actors")
+
     def boom(_: object) -> None:
         raise RuntimeError("callback bug")
 
@@ -331,6 +335,14 @@ def test_callbacks_that_raise_change_nothing(engine_client: redis.Redis) -> None
     assert ref.is_alive()
     assert get_tracked_job_ids(ref) == ["kept"]
     assert alive(engine_client, KEYS, tokens) == {"kept"}
+    raised = {
+        name
+        for r in caplog.records
+        if r.exc_info and str(r.exc_info[1]) == "callback bug"
+        for name in ("on_locks_renewed", "on_lock_renewal_failed")
+        if name in r.getMessage()
+    }
+    assert raised == {"on_locks_renewed", "on_lock_renewal_failed"}
 
 
 def test_a_failing_connection_keeps_every_job_and_reports_the_error(recorder: Recorder) -> None:
@@ -419,7 +431,7 @@ def test_a_client_bounded_within_the_command_timeout_starts_quietly(
     assert [r for r in caplog.records if r.name.startswith("actors")] == []
 
 
-def test_stop_from_a_callback_does_not_deadlock(engine_client: redis.Redis) -> None:
+def test_stop_from_a_callback_returns_and_the_manager_stops(engine_client: redis.Redis) -> None:
     stopped = threading.Event()
     refs: list[ManagerRef] = []
 

@@ -6,6 +6,7 @@ is read back from the server, and a lock that cannot be read back stays tracked.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ from tests.support import (
     set_locks,
     settle,
     start_manager,
+    steal,
     take_locks,
     wait_for,
     wait_ticks,
@@ -56,11 +58,6 @@ KEYS = QueueKeys("lost-locks")
 #: The most a loss may take to be told, with room for a loaded machine: ten
 #: intervals where one is the rule.
 LEARN_S = 10 * INTERVAL_S
-
-
-def _steal(client: redis.Redis, job_id: str) -> None:
-    """Another worker takes the job: its lock now holds that worker's token."""
-    client.set(KEYS.lock(job_id), "another-worker", px=10 * TTL)
 
 
 def _untracked(manager: ManagerRef, job_id: str) -> None:
@@ -103,18 +100,49 @@ def manager_client(
     client.close()
 
 
-def _start(recorder: Recorder, client: redis.Redis, tokens: dict[str, str]) -> ManagerRef:
-    """Take the jobs' locks, track them, and wait until each was renewed once."""
-    manager = recorder.start(client, KEYS, lock_duration=TTL)
-    for job_id, token in tokens.items():
-        track_job(manager, job_id, token)
+@dataclasses.dataclass(frozen=True)
+class _TakenOver:
+    """A manager renewing ``"kept"`` after another holder took ``"taken"``'s lock."""
+
+    manager: ManagerRef
+    recorder: Recorder
+    #: Each job's id and our token.
+    tokens: dict[str, str]
+    #: When the awaited report came (monotonic seconds), before :data:`MORE_TICKS` ticks ran.
+    reported: float
+
+    def assert_kept_renewed(self, client: redis.Redis) -> None:
+        """Assert the other job was renewed after the report, and its lock holds our token."""
+        kept = {"kept": self.tokens["kept"]}
+        assert self.recorder.renewed(since=self.reported)["kept"] >= 1, "kept stopped being renewed"
+        assert alive(client, KEYS, kept) == {"kept"}
+
+
+def _take_over(
+    engine_client: redis.Redis,
+    manager_client: redis.Redis,
+    theirs: bytes,
+    awaited: str,
+    token: str | None = None,
+) -> _TakenOver:
+    """Renew ``"taken"`` and ``"kept"``, let another holder write ``theirs`` on ``"taken"``.
+
+    Returns once the recorder got ``awaited`` (``"lost"`` or ``"errors"``) and
+    :data:`MORE_TICKS` more ticks ran.
+    """
+    tokens = {"taken": token or new_token(), "kept": new_token()}
+    set_locks(engine_client, KEYS, tokens, TTL)
+    recorder = Recorder()
+    manager = recorder.start(manager_client, KEYS, lock_duration=TTL)
+    for job_id, held in tokens.items():
+        track_job(manager, job_id, held)
     recorder.wait_renewed(tokens, REPORT_S)
-    return manager
 
-
-def _take_over(client: redis.Redis, job_id: str, value: bytes) -> None:
-    # As another worker writes it once our lock is gone: its own bytes, its own TTL.
-    client.set(KEYS.lock(job_id), value, px=THEIRS_MS)
+    steal(engine_client, KEYS, "taken", THEIRS_MS, theirs)
+    recorder.wait(getattr(recorder, awaited), REPORT_S, f"the {awaited} of the lock taken over")
+    reported = time.monotonic()
+    wait_ticks(manager, MORE_TICKS, timeout=MORE_TICKS * REPORT_S)
+    return _TakenOver(manager, recorder, tokens, reported)
 
 
 def test_a_lost_lock_is_reported_with_its_token_reason_and_key(
@@ -171,7 +199,7 @@ def test_a_lease_is_still_told_when_its_lock_is_tracked_with_another_target(
     with lease(manager, "j", token) as held:
         track_job(manager, "j", token, notify=actor)  # the same lock, another target
         settle(manager)
-        _steal(engine_client, "j")
+        steal(engine_client, KEYS, "j", THEIRS_MS)
         assert held.wait(LEARN_S), "the lease was never told its lock was stolen"
         assert held.reason == "stolen"
         with pytest.raises(LockLost):
@@ -198,7 +226,7 @@ def test_every_target_of_a_lock_is_told_once_however_often_it_asked(
     track_job(manager, "j", token)  # a progress hook
     settle(manager)
 
-    _steal(engine_client, "j")
+    steal(engine_client, KEYS, "j", THEIRS_MS)
     _untracked(manager, "j")
     wait_ticks(manager, 2, LEARN_S)
 
@@ -226,7 +254,7 @@ def test_a_new_token_tells_every_target_of_the_old_lock(engine_client: redis.Red
     assert (a.got, b.got, c.got) == ([replaced], [replaced], [])
     assert is_tracked(manager, "j")
 
-    _steal(engine_client, "j")
+    steal(engine_client, KEYS, "j", THEIRS_MS)
     _untracked(manager, "j")
     assert (a.got, b.got, c.got) == ([replaced], [replaced], [LockLost("j", "new-token", "stolen")])
 
@@ -288,24 +316,15 @@ def test_a_lock_taken_over_with_bytes_that_are_not_utf8_is_reported_stolen(
     ``decode_responses``: foreign bytes are another holder's (never a reply that
     cannot be read), and ``b"\xff"`` never equals a token ``"\ufffd"``.
     """
-    tokens = {"taken": token or new_token(), "kept": new_token()}
-    set_locks(engine_client, KEYS, tokens, TTL)
-    recorder = Recorder()
-    manager = _start(recorder, manager_client, tokens)
+    run = _take_over(engine_client, manager_client, theirs, "lost", token)
 
-    _take_over(engine_client, "taken", theirs)
-    recorder.wait(recorder.lost, REPORT_S, "the report of the lock taken over")
-    reported = time.monotonic()
-    wait_ticks(manager, MORE_TICKS, timeout=MORE_TICKS * REPORT_S)
-
-    lost = [(item.job_id, item.token, item.reason) for item in recorder.lost()]
-    assert lost == [("taken", tokens["taken"], STOLEN)], "reported once, as stolen"
-    assert not is_tracked(manager, "taken")
-    assert recorder.errors() == [], "a lock taken over is no failed tick"
-    assert recorder.renewed(since=reported)["kept"] >= 1, "the other job stopped being renewed"
-    assert alive(engine_client, KEYS, {"kept": tokens["kept"]}) == {"kept"}
+    lost = [(item.job_id, item.token, item.reason) for item in run.recorder.lost()]
+    assert lost == [("taken", run.tokens["taken"], STOLEN)], "reported once, as stolen"
+    assert not is_tracked(run.manager, "taken")
+    assert run.recorder.errors() == [], "a lock taken over is no failed tick"
+    run.assert_kept_renewed(engine_client)
     assert engine_client.get(KEYS.lock("taken")) == theirs, "the other holder's lock was touched"
-    assert get_stats(manager).errors == 0
+    assert get_stats(run.manager).errors == 0
 
 
 def test_a_read_back_failing_with_no_redis_error_keeps_the_job_and_says_so(
@@ -329,23 +348,15 @@ def test_a_read_back_failing_with_no_redis_error_keeps_the_job_and_says_so(
     # A user's client may parse replies its own way; here GET's parsing fails.
     client.set_response_callback("GET", refuse)
     try:
-        tokens = {"taken": new_token(), "kept": new_token()}
-        set_locks(engine_client, KEYS, tokens, TTL)
-        recorder = Recorder()
-        manager = _start(recorder, client, tokens)
+        run = _take_over(engine_client, client, FOREIGN, "errors")
 
-        _take_over(engine_client, "taken", FOREIGN)
-        recorder.wait(recorder.errors, REPORT_S, "the failed read-back's error")
-        failing = time.monotonic()
-        wait_ticks(manager, MORE_TICKS, timeout=MORE_TICKS * REPORT_S)
-
-        errors = recorder.errors()
-        assert errors, "the failed read-back was silent"
+        errors = run.recorder.errors()
+        # One at the first tick that found the lock taken, one at each tick after.
+        assert len(errors) >= 1 + MORE_TICKS, errors
         assert all(isinstance(error, UnconfirmedLossError) for error in errors), errors
         assert all(isinstance(error.__cause__, ReplyRefused) for error in errors), errors
-        assert is_tracked(manager, "taken"), "a job whose lock may be held was dropped"
-        assert recorder.lost() == [], "a loss nobody could confirm was reported"
-        assert recorder.renewed(since=failing)["kept"] >= 1, "the other job stopped being renewed"
-        assert alive(engine_client, KEYS, {"kept": tokens["kept"]}) == {"kept"}
+        assert is_tracked(run.manager, "taken"), "a job whose lock may be held was dropped"
+        assert run.recorder.lost() == [], "a loss nobody could confirm was reported"
+        run.assert_kept_renewed(engine_client)
     finally:
         client.close()

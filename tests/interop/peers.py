@@ -208,7 +208,7 @@ class PythonPeer:
 
 
 @dataclass
-class _Inbox:
+class _NodeOutput:
     """What the Node.js process wrote, sorted by the reader thread."""
 
     replies: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
@@ -244,7 +244,7 @@ class NodePeer:
             stdout=subprocess.PIPE,
             stderr=self._stderr,
         )
-        self._inbox = _Inbox()
+        self._output = _NodeOutput()
         self._seq = 0
         self._reader = threading.Thread(target=self._read, name="bullmq-node-reader", daemon=True)
         self._reader.start()
@@ -269,14 +269,14 @@ class NodePeer:
                 # Something else wrote to stdout (a console.log): keep it for failure messages.
                 message = {"event": "garbage", "line": raw.decode(errors="replace")}
             if "seq" in message:
-                self._inbox.replies.put(message)
+                self._output.replies.put(message)
             else:
-                with self._inbox.changed:
-                    self._inbox.events.append(message)
-                    self._inbox.changed.notify_all()
-        with self._inbox.changed:
-            self._inbox.events.append({"event": "eof"})
-            self._inbox.changed.notify_all()
+                with self._output.changed:
+                    self._output.events.append(message)
+                    self._output.changed.notify_all()
+        with self._output.changed:
+            self._output.events.append({"event": "eof"})
+            self._output.changed.notify_all()
 
     def stderr_tail(self) -> str:
         """The end of the process's stderr."""
@@ -297,7 +297,7 @@ class NodePeer:
         deadline = time.monotonic() + REQUEST_TIMEOUT_S
         while True:
             try:
-                reply = self._inbox.replies.get(timeout=max(deadline - time.monotonic(), 0))
+                reply = self._output.replies.get(timeout=max(deadline - time.monotonic(), 0))
             except queue.Empty:
                 raise AssertionError(
                     f"Node.js peer did not answer {op!r} within {REQUEST_TIMEOUT_S}s; "
@@ -311,17 +311,17 @@ class NodePeer:
 
     def events(self, kind: str) -> list[dict[str, Any]]:
         """The events of one kind so far (``"active"``, ``"stalled"``, ``"error"``)."""
-        with self._inbox.changed:
-            return [event for event in self._inbox.events if event.get("event") == kind]
+        with self._output.changed:
+            return [event for event in self._output.events if event.get("event") == kind]
 
     def wait_event(
         self, predicate: Callable[[dict[str, Any]], bool], timeout: float
     ) -> dict[str, Any]:
         """Wait for the first event (seen or to come) that satisfies ``predicate``."""
         deadline = time.monotonic() + timeout
-        with self._inbox.changed:
+        with self._output.changed:
             while True:
-                for event in self._inbox.events:
+                for event in self._output.events:
                     if predicate(event):
                         return event
                     if event.get("event") == "eof":
@@ -333,9 +333,9 @@ class NodePeer:
                 if remaining <= 0:
                     raise AssertionError(
                         f"Node.js peer: no awaited event within {timeout}s; "
-                        f"events: {self._inbox.events[-10:]}; stderr:\n{self.stderr_tail()}"
+                        f"events: {self._output.events[-10:]}; stderr:\n{self.stderr_tail()}"
                     )
-                self._inbox.changed.wait(remaining)
+                self._output.changed.wait(remaining)
 
     def add(self, count: int) -> list[str]:
         return [str(job_id) for job_id in self.request("add", count=count)["ids"]]

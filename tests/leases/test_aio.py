@@ -24,8 +24,8 @@ import redis
 import actors
 from actors import ExtendLocks, GetStats, ManagerRef, ManagerStopped, QueueKeys, TrackJob, aio
 from tests.conftest import Server
-from tests.leases.tools import LOCK_MS, LockTable
-from tests.support import ManualTimers, take_locks
+from tests.leases.tools import LOCK_MS
+from tests.support import LockTable, ManualTimers, take_locks
 
 KEYS = QueueKeys("aio")
 JOBS = 100_000

@@ -22,8 +22,7 @@ import actors
 from actors import ExtendLocks, LockLost, LostLock, ManagerRef, QueueKeys, Timing, lease
 from actors.schedule import default_safety_margin, monotonic_ms
 from actors.scripts import BatchOutcome
-from tests.leases.tools import LockTable
-from tests.support import Inbox, ManualClock, ManualTimers, Recorder, settle, tick
+from tests.support import Inbox, LockTable, ManualClock, ManualTimers, Recorder, settle, tick
 
 KEYS = QueueKeys("deadline")
 TIMING = Timing()

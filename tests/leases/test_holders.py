@@ -24,17 +24,25 @@ from actors import (
     aio,
     is_tracked,
     lease,
-    start_link,
     stop,
     track_job,
     untrack_job,
 )
-from tests.support import Inbox, Recorder, settle, take_locks, wait_for, wait_ticks, watch_locks
+from tests.support import (
+    Inbox,
+    Recorder,
+    settle,
+    start_manager,
+    steal,
+    take_locks,
+    wait_for,
+    wait_ticks,
+    watch_locks,
+)
 
 if TYPE_CHECKING:
     import redis
 
-    from actors import ManagerRef
 
 KEYS = QueueKeys("holders")
 TTL = 600  # ms: renew window 300 ms, interval 150 ms
@@ -45,25 +53,15 @@ LEARN_S = 10 * INTERVAL_S
 WATCH_S = 2.5 * TTL / 1000
 
 
-def _manager(client: redis.Redis, recorder: Recorder | None = None, **options: Any) -> ManagerRef:
-    """A manager on ``client``'s server, with a client of its own whose timeouts fit ``TTL``."""
-    kwargs = client.connection_pool.connection_kwargs
-    url = f"redis://{kwargs['host']}:{kwargs['port']}/{kwargs.get('db', 0)}"
-    callbacks: dict[str, Any] = {} if recorder is None else dict(recorder.callbacks())
-    return start_link(connection=url, keys=KEYS, lock_duration=TTL, **callbacks, **options)
-
-
-def _steal(client: redis.Redis, job_id: str) -> None:
-    client.set(KEYS.lock(job_id), "another-worker", px=TTL)
-
-
 # -- 1. leaving a lease ends the lease's claim alone -----------------------------
 
 
 def test_leaving_a_lease_keeps_the_workers_renewal(engine_client: redis.Redis) -> None:
     # Given a worker that tracks its job, and the job holding a lease for one phase
     recorder = Recorder()
-    manager = _manager(engine_client, recorder)
+    manager = start_manager(
+        engine_client, KEYS, own_client=True, lock_duration=TTL, **recorder.callbacks()
+    )
     tokens = take_locks(engine_client, KEYS, ["j2"], TTL)
     track_job(manager, "j2", tokens["j2"])
     with lease(manager, "j2", tokens["j2"]):
@@ -78,7 +76,7 @@ def test_leaving_a_lease_keeps_the_workers_renewal(engine_client: redis.Redis) -
 
 def test_leaving_a_lease_keeps_a_job_actors_watch(engine_client: redis.Redis) -> None:
     # Given a job actor watching the lock beside a lease
-    manager = _manager(engine_client)
+    manager = start_manager(engine_client, KEYS, own_client=True, lock_duration=TTL)
     tokens = take_locks(engine_client, KEYS, ["j2"], TTL)
     actor = Inbox()
     track_job(manager, "j2", tokens["j2"], notify=actor)
@@ -87,7 +85,7 @@ def test_leaving_a_lease_keeps_a_job_actors_watch(engine_client: redis.Redis) ->
     assert not held.lost
     # when the lease is left, and the lock is later taken by another worker
     assert watch_locks(engine_client, KEYS, tokens, WATCH_S).missing == set()
-    _steal(engine_client, "j2")
+    steal(engine_client, KEYS, "j2", TTL)
     # then the actor, still watching, is told once
     wait_for(lambda: actor.got, LEARN_S, "the actor to hear of the theft")
     wait_ticks(manager, 2, timeout=LEARN_S)
@@ -99,7 +97,7 @@ def test_leaving_a_lease_keeps_a_job_actors_watch(engine_client: redis.Redis) ->
 
 def test_a_workers_untrack_leaves_the_lease_watching(engine_client: redis.Redis) -> None:
     # Given a worker that tracks, and a lease with a watchdog thread waiting on it
-    manager = _manager(engine_client)
+    manager = start_manager(engine_client, KEYS, own_client=True, lock_duration=TTL)
     tokens = take_locks(engine_client, KEYS, ["j1"], TTL)
     track_job(manager, "j1", tokens["j1"])
     woke: list[bool] = []
@@ -111,7 +109,7 @@ def test_a_workers_untrack_leaves_the_lease_watching(engine_client: redis.Redis)
         assert is_tracked(manager, "j1"), "the worker's untrack ended the lease's claim"
         assert watch_locks(engine_client, KEYS, tokens, WATCH_S).missing == set()
         stolen_at = time.monotonic()
-        _steal(engine_client, "j1")
+        steal(engine_client, KEYS, "j1", TTL)
         watchdog.join(LEARN_S)
         # then the lease hears of it, and its watchdog wakes
         assert woke == [True]
@@ -121,7 +119,7 @@ def test_a_workers_untrack_leaves_the_lease_watching(engine_client: redis.Redis)
 
 def test_every_wait_wakes_when_the_manager_stops(engine_client: redis.Redis) -> None:
     # Given a lease whose worker untracked the job, waited on by a thread and a task
-    manager = _manager(engine_client)
+    manager = start_manager(engine_client, KEYS, own_client=True, lock_duration=TTL)
     tokens = take_locks(engine_client, KEYS, ["j1"], TTL)
     track_job(manager, "j1", tokens["j1"])
     woke: list[bool] = []
@@ -153,11 +151,13 @@ def test_every_wait_wakes_when_the_manager_stops(engine_client: redis.Redis) -> 
 def test_a_lost_lock_tracked_again_is_told_and_reported_once(engine_client: redis.Redis) -> None:
     # Given an actor that tracks its job, whose lock is then stolen
     recorder = Recorder()
-    manager = _manager(engine_client, recorder)
+    manager = start_manager(
+        engine_client, KEYS, own_client=True, lock_duration=TTL, **recorder.callbacks()
+    )
     tokens = take_locks(engine_client, KEYS, ["j1"], TTL)
     actor, latecomer = Inbox(), Inbox()
     track_job(manager, "j1", tokens["j1"], notify=actor)
-    _steal(engine_client, "j1")
+    steal(engine_client, KEYS, "j1", TTL)
     wait_for(lambda: actor.got, LEARN_S, "the actor to hear of the theft")
     # when its progress hook tracks the same lock four more times
     for _ in range(4):
@@ -180,7 +180,7 @@ def test_a_target_that_tracks_again_in_its_tell_is_told_once(
     engine_client: redis.Redis,
 ) -> None:
     # Given a target whose tell tracks its lock again, as a restarting job might
-    manager = _manager(engine_client)
+    manager = start_manager(engine_client, KEYS, own_client=True, lock_duration=TTL)
     tokens = take_locks(engine_client, KEYS, ["j1"], TTL)
 
     class TracksAgain(Inbox):
@@ -204,7 +204,14 @@ def test_a_target_that_tracks_again_in_its_tell_is_told_once(
 def test_a_leases_max_hold_applies_beside_a_longer_cap(engine_client: redis.Redis) -> None:
     # Given a manager capped at a minute, and a worker that tracked first
     recorder = Recorder()
-    manager = _manager(engine_client, recorder, max_hold=60_000)
+    manager = start_manager(
+        engine_client,
+        KEYS,
+        own_client=True,
+        lock_duration=TTL,
+        **recorder.callbacks(),
+        max_hold=60_000,
+    )
     tokens = take_locks(engine_client, KEYS, ["j"], TTL)
     track_job(manager, "j", tokens["j"])
     # when a lease holds the lock with a cap of its own
@@ -223,7 +230,9 @@ def test_a_lease_without_a_cap_outlives_another_claims_deadline(
 ) -> None:
     # Given a worker that tracks with a short cap, and a lease without one
     recorder = Recorder()
-    manager = _manager(engine_client, recorder)
+    manager = start_manager(
+        engine_client, KEYS, own_client=True, lock_duration=TTL, **recorder.callbacks()
+    )
     tokens = take_locks(engine_client, KEYS, ["j"], TTL)
     track_job(manager, "j", tokens["j"], max_hold=TTL // 2)
     with lease(manager, "j", tokens["j"]) as held:
@@ -241,7 +250,7 @@ def test_a_lease_without_a_cap_outlives_another_claims_deadline(
 
 
 def test_a_target_ends_its_own_claim_with_untrack_job_notify(engine_client: redis.Redis) -> None:
-    manager = _manager(engine_client)
+    manager = start_manager(engine_client, KEYS, own_client=True, lock_duration=TTL)
     token = take_locks(engine_client, KEYS, ["j9"], TTL)["j9"]
     watcher = Inbox()
     track_job(manager, "j9", token)

@@ -18,8 +18,8 @@ import pytest
 
 import actors
 from actors import ExtendLocks, Lease, LockLost, ManagerRef, QueueKeys, TrackJob, aio, lease
-from tests.leases.tools import CountingLease, LockTable
-from tests.support import ManualClock, ManualTimers, settle, tick
+from tests.leases.tools import CountingLease
+from tests.support import LockTable, ManualClock, ManualTimers, settle, tick
 
 KEYS = QueueKeys("lease")
 THRESHOLD_MS = actors.Timing().threshold

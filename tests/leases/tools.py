@@ -1,10 +1,10 @@
-"""What the lease tests share: their durations, a lease that counts, and two renewers.
+"""What the lease tests share: their durations, a lease that counts, and a noting renewer.
 
-The renewers plug into ``start_link(renewer=...)``: :class:`Noting` wraps the
-real :class:`~actors.RedisRenewer` and notes when each renewal call started,
-so a test can tell which tick found a lost lock; :class:`LockTable` is an
-in-memory lock store whose calls can be held at a gate, to keep a tick busy
-for exactly as long as a test needs.
+:class:`Noting` plugs into ``start_link(renewer=...)``: it wraps the real
+:class:`~actors.RedisRenewer` and notes when each renewal call started, so a
+test can tell which tick found a lost lock. The in-memory renewer is
+:class:`tests.support.LockTable`, named here too for the tests that import it
+from this module.
 """
 
 from __future__ import annotations
@@ -14,12 +14,15 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from actors import Lease, LockLost, ManagerRef, Timing
-from actors.scripts import EXPIRED, STOLEN, BatchOutcome
+from tests.support import Inbox, LockTable
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from actors import RedisRenewer
+    from actors.outcome import BatchOutcome
+
+__all__ = ["LOCK_MS", "MARGIN_MS", "TIMING", "CountingLease", "LockTable", "Noting"]
 
 #: The lock TTL the tier runs with, in ms: renew window 400 ms, tick 200 ms.
 LOCK_MS = 800
@@ -36,17 +39,20 @@ class CountingLease(Lease):
         self, manager: ManagerRef, job_id: str, token: str, max_hold: int | None = None
     ) -> None:
         super().__init__(manager, job_id, token, max_hold)
-        self._told_lock = threading.Lock()
-        self.told: list[Any] = []
+        self._inbox = Inbox()
 
     def tell(self, message: Any) -> None:
-        with self._told_lock:
-            self.told.append(message)
+        self._inbox.tell(message)
         super().tell(message)
 
+    @property
+    def told(self) -> list[Any]:
+        """Every message told so far, in order."""
+        return self._inbox.got
+
     def losses(self) -> list[LockLost]:
-        with self._told_lock:
-            return [m for m in self.told if isinstance(m, LockLost)]
+        """Every :class:`~actors.LockLost` told so far, in order."""
+        return [m for m in self.told if isinstance(m, LockLost)]
 
 
 class Noting:
@@ -69,28 +75,3 @@ class Noting:
         """When the first call after ``after`` that carried ``job_id`` started."""
         with self._lock:
             return next((at for at, ids in self.calls if at > after and job_id in ids), None)
-
-
-class LockTable:
-    """Lock keys in memory: each id's token; a call may be held at :attr:`gate`.
-
-    Args:
-        gated: Whether calls wait for :attr:`gate` before renewing.
-    """
-
-    def __init__(self, *, gated: bool = False) -> None:
-        self.held: dict[str, str] = {}
-        self.gate = threading.Event()
-        if not gated:
-            self.gate.set()
-        #: Set when a call has started (and is waiting at the gate, if closed).
-        self.entered = threading.Event()
-
-    def __call__(self, job_ids: Sequence[str], tokens: Sequence[str]) -> BatchOutcome:
-        self.entered.set()
-        self.gate.wait()
-        failed = [j for j, t in zip(job_ids, tokens, strict=True) if self.held.get(j) != t]
-        return BatchOutcome(failed, [], {j: STOLEN if j in self.held else EXPIRED for j in failed})
-
-    def close(self) -> None:
-        self.gate.set()

@@ -5,8 +5,8 @@ Each name is documented where it is defined:
 
 - polling (:mod:`tests.support.polling`): :func:`wait_for`, :func:`wait_ticks`;
 - locks (:mod:`tests.support.locks`): :func:`job_ids`, :func:`new_token`, :func:`take_locks`,
-  :func:`set_locks`, :func:`alive`, :func:`lost_locks`, :func:`lowest_pttl`, :class:`LockWatch`,
-  :func:`watch`, :func:`watch_locks`;
+  :func:`set_locks`, :func:`steal`, :func:`alive`, :func:`lost_locks`, :func:`lowest_pttl`,
+  :class:`LockWatch`, :func:`watch`, :func:`watch_locks`;
 - callbacks (:mod:`tests.support.recorder`): :class:`Recorder`;
 - the server (:mod:`tests.support.server`): :class:`Server`,
   :func:`command_calls`, :func:`evalsha_calls`;
@@ -33,6 +33,7 @@ from tests.support.locks import (
     lowest_pttl,
     new_token,
     set_locks,
+    steal,
     take_locks,
     watch,
     watch_locks,
@@ -85,6 +86,7 @@ __all__ = [
     "set_locks",
     "settle",
     "start_manager",
+    "steal",
     "take_locks",
     "tick",
     "unchecked",

@@ -30,7 +30,7 @@ class LockTable:
 
     Args:
         gated: Whether calls wait for :attr:`gate` before renewing.
-        clock: Read at each call, to note when it came (see :attr:`calls`).
+        clock: Read at each call, to note when it came (see :attr:`sent`).
     """
 
     def __init__(self, *, gated: bool = False, clock: ManualClock | None = None) -> None:
@@ -47,11 +47,11 @@ class LockTable:
         #: Set to make the server refuse the second half of the next call (BUSY).
         self.refuse_half_next = False
         #: Every call: the clock's time (``0`` with no clock) and the ids sent.
-        self.calls: list[tuple[int, list[str]]] = []
+        self.sent: list[tuple[int, list[str]]] = []
         self._clock = clock
 
     def __call__(self, job_ids: Sequence[str], tokens: Sequence[str]) -> BatchOutcome:
-        self.calls.append((self._clock() if self._clock else 0, list(job_ids)))
+        self.sent.append((self._clock() if self._clock else 0, list(job_ids)))
         self.entered.set()
         self.gate.wait()
         if self.raise_next:

@@ -31,6 +31,7 @@ __all__ = [
     "lowest_pttl",
     "new_token",
     "set_locks",
+    "steal",
     "take_locks",
     "watch",
     "watch_locks",
@@ -114,6 +115,25 @@ def take_locks(
     tokens = {job_id: new_token() for job_id in job_ids}
     set_locks(client, keys, tokens, ttl_ms, replicas=replicas)
     return tokens
+
+
+def steal(
+    client: Client,
+    keys: QueueKeys,
+    job_id: str,
+    ttl_ms: int,
+    value: str | bytes = "another-worker",
+) -> None:
+    """Take ``job_id``'s lock as another worker does once ours is gone: its value, its TTL.
+
+    Args:
+        client: A client of the server that holds the lock.
+        keys: The queue's keys.
+        job_id: The job whose lock is taken.
+        ttl_ms: The other worker's TTL, in milliseconds.
+        value: What the other worker's lock holds (its token, any bytes).
+    """
+    client.set(keys.lock(job_id), value, px=ttl_ms)
 
 
 def _read(client: Client, keys: QueueKeys, job_ids: list[str], command: str) -> list[Any]:

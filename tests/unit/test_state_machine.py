@@ -175,7 +175,7 @@ class ManagerMachine(RuleBasedStateMachine):
         threshold = self.timing.threshold
         due = [j for j in self.tokens if self.stamps[j] + threshold < at]
         on_grid = message.scheduled is not None
-        calls_before = len(self.locks.calls)
+        calls_before = len(self.locks.sent)
         raises, refuses = self.locks.raise_next, self.locks.refuse_half_next
 
         self.ref.ask(message)
@@ -184,7 +184,7 @@ class ManagerMachine(RuleBasedStateMachine):
         # intervals, the catch-up tick after it: the lateness adds up.
         for job_id in self.tokens:
             self.late_since[job_id] = self.late_since.get(job_id, 0) + (now - at)
-        calls = self.locks.calls[calls_before:]
+        calls = self.locks.sent[calls_before:]
         assert len(calls) == (1 if due else 0)
         if not due:
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -175,7 +176,10 @@ def test_what_is_no_message_is_refused_at_the_caller(manager: ManagerRef) -> Non
     assert manager.is_alive()
 
 
-def test_malformed_messages_that_reach_it_do_not_kill_the_manager(manager: ManagerRef) -> None:
+def test_malformed_messages_that_reach_it_are_dropped_and_the_manager_lives(
+    manager: ManagerRef, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="actors")
     forged: list[object] = [
         unchecked(TrackJob, job_id=None, token=None, ts=0),
         unchecked(TrackJob, job_id="j", token="", ts=0),
@@ -187,6 +191,9 @@ def test_malformed_messages_that_reach_it_do_not_kill_the_manager(manager: Manag
 
     assert is_tracked(manager, "j", timeout=5)
     assert manager.is_alive()
+    # Each bad track is dropped with a warning; an untrack of no id untracks nothing.
+    dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(dropped) == 2 and all("TrackJob" in text for text in dropped), dropped
 
 
 def test_a_proxy_checks_its_calls_in_the_callers_thread(manager: ManagerRef) -> None:
