@@ -15,8 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "actors"
 LAYERS = [
     ["_loop", "validation", "keys", "schedule", "messages", "lost", "stats", "jobs"],
     ["describe", "connection", "outcome", "evalsha", "readback", "scripts", "renewer"],
-    ["_telemetry", "timer", "ref", "report", "lock_manager", "api", "aio", "leases"],
-    ["_keeper", "embedded", "cli", "__main__", "bullmq"],
+    ["_telemetry", "timer", "ref", "report", "isolation", "lock_manager", "api", "aio", "leases"],
+    ["_keeper", "_child", "embedded", "cli", "__main__", "bullmq"],
 ]
 ORDER = {name: (layer, i) for layer, names in enumerate(LAYERS) for i, name in enumerate(names)}
 
