@@ -62,6 +62,7 @@ def start_link(
     clock: Callable[[], int] | None = None,
     timer: TimerFactory | None = None,
     safety_margin: int | None = None,
+    isolation: str = "thread",
 ) -> ManagerRef:
     """Start a :class:`~actors.LockManager` and return its reference.
 
@@ -76,7 +77,8 @@ def start_link(
         TypeError: An argument has the wrong type.
         ValueError: A duration is out of range, the client's encoding is not
             UTF-8, or a cluster client was given for keys that cannot share
-            one hash slot.
+            one hash slot; ``isolation`` is not ``"thread"`` or ``"process"``.
+        RuntimeError: With ``isolation="process"``, the child process did not start.
     """
     ref = LockManager.start(
         connection=connection,
@@ -92,6 +94,7 @@ def start_link(
         clock=clock,
         timer=timer,
         safety_margin=safety_margin,
+        isolation=isolation,
     )
     assert isinstance(ref, ManagerRef)
     return ref

@@ -40,6 +40,7 @@ __all__ = [
     "check_cluster_keys",
     "client_for_url",
     "client_like",
+    "client_settings",
     "cluster_client",
     "command_timeout",
     "describe_connection",
@@ -231,6 +232,19 @@ def _settings_of(pool: Any) -> dict[str, Any]:
             if key.startswith("ssl_") and key in accepted
         )
     return settings
+
+
+def client_settings(client: redis.Redis) -> dict[str, Any]:
+    """Return the ``redis.Redis`` keywords that reach the server ``client`` reaches.
+
+    Server, database, credentials and TLS settings, without the client's
+    timeouts and retries: for a client built elsewhere (another process) with
+    :func:`client_like`.
+
+    Raises:
+        TypeError: The client does not name its server (see :func:`client_like`).
+    """
+    return _settings_of(client.connection_pool)
 
 
 def cluster_client(url: str, *, interval_ms: int, **options: Any) -> redis.RedisCluster:

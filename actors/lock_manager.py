@@ -24,6 +24,12 @@ import pykka
 from pykka.messages import _ActorStop
 
 from actors import _telemetry
+from actors.isolation import (
+    ChildLink,
+    InChild,
+    check_process_options,
+    require_isolation,
+)
 from actors.jobs import Claim, JobTable, LostLocks
 from actors.keys import QueueKeys
 from actors.lost import (
@@ -93,6 +99,8 @@ class _TicksFirst(queue.Queue[Any]):
         self.tick: object = None
         #: How many messages at the front were put there by :meth:`put_first`.
         self.first = 0
+        #: The envelope taken last: a process-mode manager answers some asks later.
+        self.current: Any = None
         #: Set, under the queue's lock, as the manager begins to stop: a
         #: message is then either in already (answered, or failed by pykka's
         #: last pass over the mailbox) or refused here, never left unread.
@@ -111,7 +119,8 @@ class _TicksFirst(queue.Queue[Any]):
     def _get(self) -> Any:
         if self.first:
             self.first -= 1
-        return self.queue.popleft()
+        self.current = item = self.queue.popleft()
+        return item
 
     def put_first(self, item: Any) -> None:
         """Put ``item`` before every message but those put so before it, ticks included.
@@ -167,6 +176,14 @@ class LockManager(pykka.ThreadingActor):
             server confirmed was sent. Half the timer interval when ``None``
             (see ``actors.schedule.default_safety_margin``); it must be
             below ``lock_duration`` minus the interval.
+        isolation: ``"thread"`` (the default): the timer and the renewals run
+            on this manager's threads. ``"process"``: they run in a child
+            process the manager starts and ends (see :mod:`actors.isolation`),
+            so no GIL hold in the worker delays a renewal, and the locks are
+            deleted (compare-and-delete on the token) when the worker dies.
+            The same API, messages, callbacks and leases; ``connection`` must
+            then be a URL or a ``redis.Redis`` (no cluster yet), and
+            ``renewer``, ``clock`` and ``timer`` are refused.
 
     Callbacks run on the manager's thread, between ticks: keep them short,
     and tell other actors rather than wait for them. Whatever they raise
@@ -202,6 +219,7 @@ class LockManager(pykka.ThreadingActor):
         clock: Callable[[], int] | None = None,
         timer: TimerFactory | None = None,
         safety_margin: int | None = None,
+        isolation: str = "thread",
     ) -> None:
         super().__init__()
         mailbox = self.actor_inbox
@@ -229,7 +247,10 @@ class LockManager(pykka.ThreadingActor):
         if max_hold is not None:
             max_hold = require_int(max_hold, "max_hold", maximum=MAX_DURATION_MS)
         max_batch = require_int(max_batch, "max_batch")
-        if renewer is None:
+        if require_isolation(isolation) == "process":
+            check_process_options(self._timing.lock_duration, renewer, clock, timer)
+            renewer = InChild()
+        elif renewer is None:
             if connection is None:
                 raise TypeError("connection is required (a redis.Redis, a RedisCluster or a URL)")
             renewer = RedisRenewer(
@@ -264,6 +285,24 @@ class LockManager(pykka.ThreadingActor):
         self._armed: int | None = None
         #: The deadlines the timer was armed for, not yet handled.
         self._deadline_arms: set[int] = set()
+        #: The child process that renews, with ``isolation="process"``; the job
+        #: table then mirrors its claims.
+        self._link: ChildLink | None = None
+        if isolation == "process":
+            self._link = ChildLink(
+                connection=connection,
+                keys=keys,
+                timing=self._timing,
+                safety_margin=self.safety_margin,
+                max_batch=max_batch,
+                max_hold=max_hold,
+                mirror=self._jobs,
+                reporter=self._reporter,
+                mailbox=mailbox.put,
+                idle=mailbox.empty,
+                tell=self._tell_now,
+                stop=lambda: self._actor_ref.stop(block=False),
+            )
         # The reference every caller gets: it checks each door in the
         # caller's thread (see actors.ref); pykka offers no other hook.
         self._actor_ref = ManagerRef(self, self)
@@ -293,6 +332,9 @@ class LockManager(pykka.ThreadingActor):
     def on_start(self) -> None:
         """Arm the timer for the first tick."""
         self.thread = threading.current_thread()
+        if self._link is not None:
+            self._link.start()
+            return
         try:
             self._timer = self._make_timer(self._fire, f"LockManager-timer-{self.queue_name}")
             self._next_tick = self.clock() + self._timing.interval
@@ -329,6 +371,7 @@ class LockManager(pykka.ThreadingActor):
         for what, close in (
             ("timer", getattr(timer, "close", None)),
             ("renewer", getattr(self._renewer, "close", None)),
+            ("child process", getattr(self._link, "close", None)),
         ):
             if close is None:
                 continue
@@ -390,6 +433,8 @@ class LockManager(pykka.ThreadingActor):
     def on_receive(self, message: Any) -> Any:
         """Handle one message; a malformed or unknown one is logged and dropped."""
         try:
+            if self._link is not None:
+                return self._link.receive(message, self._mailbox.current)
             # One dict lookup per message: track and untrack arrive by the
             # hundred thousand and must cost little more than pykka's own tell.
             handler = _HANDLERS.get(type(message))
@@ -410,6 +455,8 @@ class LockManager(pykka.ThreadingActor):
 
     def handle(self, message: Any) -> Any:
         """Handle ``message`` on the calling thread, which must be the manager's."""
+        if self._link is not None:
+            return self._link.handle(message)
         handler = _HANDLERS.get(type(message))
         if handler is None:
             logger.warning(
@@ -842,6 +889,10 @@ class LockManager(pykka.ThreadingActor):
             for claim in claims
             if claim.target is not None
         )
+
+    def _tell_now(self, notes: list[tuple[Notify, LockLost]]) -> None:
+        self._notes.extend(notes)
+        self._deliver()
 
     def _deliver(self) -> None:
         # Told only once the tick's bookkeeping is done: a target that calls

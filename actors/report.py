@@ -161,6 +161,25 @@ class Reporter:
             counters.failed_streak = 0
             counters.last_error = ""
 
+    def wants(self, name: str) -> bool:
+        """Whether the user gave the callback ``name`` (``"on_locks_renewed"``, ...)."""
+        return self._callbacks()[name] is not None
+
+    def call(self, name: str, arg: Any) -> None:
+        """Call the user's callback ``name`` with ``arg``, guarded, counting and logging nothing.
+
+        For a manager whose ticks run in a child process: the child counts
+        and logs, and the worker's manager passes on what it reports.
+        """
+        self._call(self._callbacks()[name], arg, name)
+
+    def _callbacks(self) -> dict[str, Callable[[Any], object] | None]:
+        return {
+            "on_locks_renewed": self._on_renewed,
+            "on_lock_renewal_failed": self._on_failed,
+            "on_error": self._on_error,
+        }
+
     def _call(self, callback: Callable[[Any], object] | None, arg: Any, name: str) -> None:
         if callback is None:
             return

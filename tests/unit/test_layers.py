@@ -22,12 +22,13 @@ LAYERS = [
         "admission",
         "ref",
         "report",
+        "isolation",
         "lock_manager",
         "api",
         "aio",
         "leases",
     ],
-    ["_keeper", "embedded", "cli", "__main__", "bullmq"],
+    ["_keeper", "_child", "embedded", "cli", "__main__", "bullmq"],
 ]
 ORDER = {name: (layer, i) for layer, names in enumerate(LAYERS) for i, name in enumerate(names)}
 

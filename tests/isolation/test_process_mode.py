@@ -1,0 +1,278 @@
+"""A manager with ``isolation="process"``: renewals in a child process, the same doors.
+
+Each test starts a manager whose child renews on the run's real server, with
+short locks (``TTL`` ms), and checks what a worker relies on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from actors import (
+    LockLost,
+    QueueKeys,
+    RedisRenewer,
+    get_stats,
+    get_tracked_job_ids,
+    is_tracked,
+    lease,
+    start_link,
+    stop,
+    track_job,
+    untrack_job,
+)
+from actors.isolation import SharedValidity
+from tests.isolation.conftest import children, gone
+from tests.support import TTL, Inbox, Recorder, take_locks, wait_for
+
+if TYPE_CHECKING:
+    import redis
+
+    from actors import ManagerRef
+    from tests.support import Server
+
+KEYS = QueueKeys("isolated")
+#: Seconds to wait for something a few ticks bring.
+SOON_S = 10 * TTL / 1000
+SCRIPT = Path(__file__).with_name("worker_script.py")
+
+
+def _start(server: Server, **options: Any) -> ManagerRef:
+    options.setdefault("lock_duration", TTL)
+    return start_link(connection=server.url, keys=KEYS, isolation="process", **options)
+
+
+def _hold_gil(seconds: float) -> None:
+    """Block every thread of this process: a C call that keeps the GIL (PyDLL does)."""
+    ctypes.PyDLL(None).usleep(int(seconds * 1_000_000))
+
+
+def test_locks_are_renewed_by_the_child_and_callbacks_run_in_the_worker(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    recorder = Recorder()
+    threads: set[threading.Thread] = set()
+
+    def renewed(ids: list[str]) -> None:
+        threads.add(threading.current_thread())
+        recorder.on_locks_renewed(ids)
+
+    manager = _start(server, on_locks_renewed=renewed)
+    tokens = take_locks(redis_client, KEYS, ["a", "b"], TTL)
+    for job_id, token in tokens.items():
+        track_job(manager, job_id, token)
+    # Three renewals take longer than one TTL: only renewals keep the locks.
+    wait_for(lambda: min(recorder.renewed()[j] for j in tokens) >= 3, SOON_S, "three renewals")
+    assert all(redis_client.get(KEYS.lock(j)) == t.encode() for j, t in tokens.items())
+    assert sorted(get_tracked_job_ids(manager)) == ["a", "b"]
+    assert get_stats(manager).renewed >= 6
+    assert threads == {manager._core.thread}
+    assert [pid for pid in children() if pid != os.getpid()]
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_gil_hold_of_three_lock_durations_loses_the_lock_only_in_thread_mode(
+    server: Server, redis_client: redis.Redis, isolation: str
+) -> None:
+    manager = start_link(connection=server.url, keys=KEYS, lock_duration=TTL, isolation=isolation)
+    tokens = take_locks(redis_client, KEYS, ["held"], TTL)
+    with lease(manager, "held", tokens["held"]) as held:
+        # Renewed once, so the renewing side surely has the lock before the hold.
+        wait_for(lambda: get_stats(manager).renewed, SOON_S, "a renewal")
+        _hold_gil(3 * TTL / 1000)
+        key_held = redis_client.get(KEYS.lock("held")) == tokens["held"].encode()
+        try:
+            held.check()
+            told = None
+        except LockLost as lost:
+            told = lost.reason
+    print(f"\n{isolation}: after a {3 * TTL} ms GIL hold, lock held={key_held}, lease told={told}")
+    if isolation == "process":
+        assert key_held
+        assert told is None
+    else:
+        # Expired at the server, and the job learns it at its first look.
+        assert not key_held
+        assert told == "unconfirmed"
+
+
+def test_a_lease_reads_its_deadline_from_the_childs_confirmed_renewals(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    manager = _start(server)
+    tokens = take_locks(redis_client, KEYS, ["leased"], TTL)
+    with lease(manager, "leased", tokens["leased"]) as held:
+        held.check()
+        # Set once the worker's manager has taken the claim (it answers at once).
+        wait_for(lambda: held.deadline and isinstance(held._validity, SharedValidity), SOON_S)
+        first = held.deadline
+        assert first is not None
+        # Each confirmed renewal moves it on, with no word from the manager's thread.
+        wait_for(lambda: (held.deadline or 0) > first + TTL // 2, SOON_S, "a later deadline")
+        assert not held.lost
+    assert not is_tracked(manager, "leased")
+
+
+def test_a_notify_target_is_told_in_the_worker_on_the_managers_thread(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    recorder = Recorder()
+    manager = _start(server, on_lock_renewal_failed=recorder.on_lock_renewal_failed)
+    tokens = take_locks(redis_client, KEYS, ["watched"], TTL)
+    told_on: list[threading.Thread] = []
+
+    class Target(Inbox):
+        def tell(self, message: Any) -> None:
+            told_on.append(threading.current_thread())
+            super().tell(message)
+
+    target = Target()
+    track_job(manager, "watched", tokens["watched"], notify=target)
+    redis_client.set(KEYS.lock("watched"), "another-worker")
+    got = wait_for(lambda: target.got, SOON_S, "the target told")
+    assert got == [LockLost("watched", tokens["watched"], "stolen")]
+    assert told_on == [manager._core.thread]
+    wait_for(recorder.lost, SOON_S, "on_lock_renewal_failed")
+    assert not is_tracked(manager, "watched")
+
+
+def test_untrack_with_wait_returns_once_the_child_has_untracked(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    recorder = Recorder()
+    manager = _start(server, on_lock_renewal_failed=recorder.on_lock_renewal_failed)
+    tokens = take_locks(redis_client, KEYS, [f"j{i}" for i in range(20)], TTL)
+    for job_id, token in tokens.items():
+        track_job(manager, job_id, token)
+    for job_id in tokens:
+        untrack_job(manager, job_id, wait=True)
+        # The worker releases its lock at once: no tick may find it gone.
+        redis_client.delete(KEYS.lock(job_id))
+        assert not is_tracked(manager, job_id)
+    ticks = get_stats(manager).ticks
+    wait_for(lambda: get_stats(manager).ticks >= ticks + 3, SOON_S, "three more ticks")
+    assert recorder.lost() == []
+
+
+def test_a_killed_child_is_started_again_and_loses_no_job(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    recorder = Recorder()
+    manager = _start(
+        server,
+        on_locks_renewed=recorder.on_locks_renewed,
+        on_lock_renewal_failed=recorder.on_lock_renewal_failed,
+    )
+    tokens = take_locks(redis_client, KEYS, ["p1", "p2", "leased"], TTL)
+    track_job(manager, "p1", tokens["p1"])
+    track_job(manager, "p2", tokens["p2"])
+    with lease(manager, "leased", tokens["leased"]) as held:
+        [first] = wait_for(children, SOON_S, "the child")
+        wait_for(lambda: recorder.renewed()["p1"] >= 1, SOON_S, "a renewal")
+        os.kill(first, signal.SIGKILL)
+        [second] = wait_for(lambda: [p for p in children() if p != first], SOON_S, "a new child")
+        assert gone(first)
+        before = recorder.renewed()["leased"]
+        wait_for(lambda: recorder.renewed()["leased"] >= before + 3, SOON_S, "renewals again")
+        held.check()
+    assert sorted(get_tracked_job_ids(manager)) == ["p1", "p2"]
+    assert recorder.lost() == []
+    assert all(redis_client.get(KEYS.lock(j)) == t.encode() for j, t in tokens.items())
+    assert children() == [second]
+
+
+def test_stop_leaves_no_child_no_zombie_and_no_file(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    manager = _start(server)
+    tokens = take_locks(redis_client, KEYS, ["kept"], TTL)
+    track_job(manager, "kept", tokens["kept"])
+    [child] = wait_for(children, SOON_S, "the child")
+    # The shared memory is a memfd: no path in any file system. (Standard
+    # streams are the worker's own: pytest's capture is a deleted temp file.)
+    fds = [fd for fd in os.listdir(f"/proc/{child}/fd") if int(fd) > 2]
+    paths = [os.readlink(f"/proc/{child}/fd/{fd}") for fd in fds]
+    assert not [p for p in paths if p.startswith(("/tmp", "/dev/shm", "/var/tmp"))]
+    assert stop(manager)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child, os.WNOHANG)  # reaped already: not a zombie of ours
+    assert not Path(f"/proc/{child}").exists()
+    assert children() == []
+    # A normal stop leaves the lock to the worker's own release.
+    assert redis_client.get(KEYS.lock("kept")) == tokens["kept"].encode()
+    if os.path.isdir("/dev/shm"):
+        assert not [n for n in set(os.listdir("/dev/shm")) - shm_before if "actors" in n]
+
+
+def test_a_killed_worker_leaves_no_lock_but_those_another_worker_holds(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    # Locks long enough that their TTL cannot be what removes them.
+    lock_ms = 20_000
+    tokens = take_locks(redis_client, KEYS, ["k1", "k2", "k3"], lock_ms)
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            str(SCRIPT),
+            server.url,
+            KEYS.name,
+            str(lock_ms),
+            *(f"{j}={t}" for j, t in tokens.items()),
+        ],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        text=True,
+    )
+    try:
+        assert worker.stdout is not None
+        assert worker.stdout.readline().strip() == "ready"
+        [child] = wait_for(lambda: children(worker.pid), SOON_S, "the worker's child")
+        # Another worker took k3 meanwhile (its lock expired and was taken again).
+        redis_client.set(KEYS.lock("k3"), "another-worker", px=lock_ms)
+        killed = time.monotonic()
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+        wait_for(
+            lambda: redis_client.exists(KEYS.lock("k1"), KEYS.lock("k2")) == 0,
+            10,
+            "the dead worker's locks released",
+            interval=0.001,
+        )
+        released_ms = (time.monotonic() - killed) * 1000
+        wait_for(lambda: gone(child), 10, "the child's end")
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    print(f"\nSIGKILL of the worker: its locks gone after {released_ms:.1f} ms (TTL {lock_ms} ms)")
+    assert released_ms < lock_ms / 4
+    assert redis_client.get(KEYS.lock("k3")) == b"another-worker"
+
+
+def test_bad_isolation_and_refused_seams_fail_at_the_caller(server: Server) -> None:
+    with pytest.raises(ValueError, match="isolation"):
+        start_link(connection=server.url, keys=KEYS, isolation="fork")
+    with pytest.raises(TypeError, match="isolation"):
+        start_link(connection=server.url, keys=KEYS, isolation=1)  # type: ignore[arg-type]
+    renewer = RedisRenewer(server.url, KEYS, TTL, TTL // 4)
+    try:
+        with pytest.raises(TypeError, match="renewer"):
+            start_link(keys=KEYS, renewer=renewer, isolation="process")
+    finally:
+        renewer.close()
+    with pytest.raises(TypeError, match="clock"):
+        start_link(connection=server.url, keys=KEYS, clock=lambda: 0, isolation="process")
+    with pytest.raises(ValueError, match="lock_duration"):
+        start_link(connection=server.url, keys=KEYS, lock_duration=50, isolation="process")
+    assert children() == []

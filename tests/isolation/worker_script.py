@@ -1,0 +1,24 @@
+"""A worker that renews its locks in process mode, then waits to be killed.
+
+Run by the SIGKILL test: ``python worker_script.py URL QUEUE LOCK_MS JOB=TOKEN...``.
+It prints ``ready`` once the child tracks every job.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from actors import QueueKeys, get_active_job_count, start_link, track_job
+
+if __name__ == "__main__":
+    url, queue, lock_ms, *pairs = sys.argv[1:]
+    manager = start_link(
+        connection=url, keys=QueueKeys(queue), lock_duration=int(lock_ms), isolation="process"
+    )
+    for pair in pairs:
+        job_id, token = pair.split("=", 1)
+        track_job(manager, job_id, token)
+    assert get_active_job_count(manager, timeout=30) == len(pairs)
+    print("ready", flush=True)
+    threading.Event().wait()
