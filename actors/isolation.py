@@ -47,7 +47,7 @@ from pykka._envelope import Envelope
 
 from actors.connection import client_settings, encoding, is_cluster
 from actors.jobs import Validity
-from actors.lost import LockLost
+from actors.lost import LockLost, LostLock
 from actors.messages import (
     ExtendLocks,
     GetActiveJobCount,
@@ -321,6 +321,8 @@ class ChildLink:
         self._timing = timing
         self._max_hold = max_hold
         self._mirror = mirror
+        #: The targets of each lock the child reported lost, until it tells each of them.
+        self._ended: dict[tuple[str, str], tuple[list[Notify], LockLost]] = {}
         self._reporter = reporter
         self._post = mailbox
         self._idle = idle
@@ -526,12 +528,12 @@ class ChildLink:
         if kind is TrackJob:
             return self._track(message, reply is not None)
         if kind is UntrackJob:
+            # Answered here, once the mirror has let go: whatever the child
+            # still reports of the claim is dropped (see _on_event), so no
+            # loss can reach anyone after the answer, as in thread mode.
             word = self._untrack(message)
-            if word is None or reply is None:
-                if word is not None:
-                    self._outbox.append((*word, None))
-                return None
-            self._ask(word, reply, envelope)
+            if word is not None:
+                self._outbox.append((*word, None))
             return None
         if kind is ExtendLocks:
             if reply is None:
@@ -628,6 +630,20 @@ class ChildLink:
                 return None  # a target the child never heard of holds nothing there
         return ("untrack", message.job_id, message.token, tid)
 
+    def _claims(self, message: LockLost, target: Notify) -> bool:
+        """Whether ``target`` claims the lock ``message`` speaks of, or did until its loss."""
+        key = (message.job_id, message.token)
+        ended = self._ended.get(key)
+        if ended is not None and any(t is target for t in ended[0]):
+            ended[0][:] = [t for t in ended[0] if t is not target]
+            if not ended[0]:
+                del self._ended[key]
+            return True
+        if self._mirror.tokens.get(message.job_id) != message.token:
+            return False
+        watch = self._mirror.watches.get(message.job_id)
+        return watch is not None and any(claim.target is target for claim in watch.claims)
+
     def _target_id(self, target: Notify) -> int:
         tid = self._tids.get(id(target))
         if tid is None:
@@ -694,25 +710,45 @@ class ChildLink:
         if kind == "renewed":
             self._reporter.call("on_locks_renewed", payload[0])
         elif kind == "lost":
-            lost = payload[0]
-            for item in lost:
-                self._mirror.untrack(item.job_id, item.token, everyone=True)
-            self._reporter.call("on_lock_renewal_failed", lost)
+            self._on_lost(payload[0])
         elif kind == "error":
             self._reporter.call("on_error", payload[0])
         elif kind == "told":
-            tid, message = payload
-            target = self._targets.get(tid)
-            if target is not None and isinstance(message, LockLost):
-                self._mirror.untrack(message.job_id, message.token, target)
-                self._tell([(target, message)])
+            self._on_told(*payload)
         elif kind == "freed":
             for tid, job_id, slot in payload[0]:
                 if self._slots.get((tid, job_id)) == slot:
                     del self._slots[(tid, job_id)]
                     self._free.append(slot[0])
         elif kind == "down":
+            self._tell_the_ended()
             self._on_down(payload[0])
+
+    def _on_lost(self, reported: list[LostLock]) -> None:
+        # Only what the mirror still tracks: a loss the child found after the
+        # worker untracked the job here is no loss of the worker's.
+        tokens = self._mirror.tokens
+        lost = [item for item in reported if tokens.get(item.job_id) == item.token]
+        for item in lost:
+            ended = self._mirror.untrack(item.job_id, item.token, everyone=True)
+            targets = [] if ended is None else [c.target for c in ended[1] if c.target]
+            if targets:
+                # Each target's word follows from the child ("told"): still theirs to hear.
+                word = LockLost(item.job_id, item.token, item.reason, item.detail)
+                self._ended[(item.job_id, item.token)] = (targets, word)
+        if lost:
+            self._reporter.call("on_lock_renewal_failed", lost)
+
+    def _on_told(self, tid: int, message: object) -> None:
+        target = self._targets.get(tid)
+        if target is not None and isinstance(message, LockLost) and self._claims(message, target):
+            self._mirror.untrack(message.job_id, message.token, target)
+            self._tell([(target, message)])
+
+    def _tell_the_ended(self) -> None:
+        """Tell the targets of a lost lock whose word died with the child."""
+        ended, self._ended = self._ended, {}
+        self._tell([(target, word) for targets, word in ended.values() for target in targets])
 
     def _on_down(self, generation: int) -> None:
         child = self._child
