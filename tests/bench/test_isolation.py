@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -21,6 +22,8 @@ from actors import (
     track_job,
     untrack_job,
 )
+from tests.isolation.conftest import children
+from tests.support import wait_for
 
 if TYPE_CHECKING:
     from tests.support import Server
@@ -81,3 +84,33 @@ def test_process_mode_costs_at_most_twice_thread_mode(server: Server) -> None:
     )
     assert rate["process"] >= rate["thread"] / 2
     assert wait["process"] <= 2 * wait["thread"]
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def test_the_child_s_memory_idle_and_with_10000_tracked_jobs(server: Server) -> None:
+    # The child's resident memory: a Python interpreter with redis-py and pykka.
+    manager = start_link(
+        connection=server.url, keys=KEYS, lock_duration=30_000, isolation="process"
+    )
+    try:
+        [child] = wait_for(children, 10, "the child")
+        assert get_active_job_count(manager) == 0
+        idle = _rss_kib(child)
+        for i in range(10_000):
+            track_job(manager, f"m{i}", "token")
+        assert get_active_job_count(manager) == 10_000
+        tracked = _rss_kib(child)
+    finally:
+        stop(manager)
+    print(
+        f"\nchild process resident memory: {idle / 1024:.1f} MiB idle, "
+        f"{tracked / 1024:.1f} MiB with 10,000 tracked jobs "
+        f"({(tracked - idle) * 1024 / 10_000:.0f} bytes per job)"
+    )
+    assert idle < 64 * 1024

@@ -23,6 +23,12 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
+ISOLATION_ROWS = (
+    "tests/isolation/test_process_mode.py::"
+    "test_a_gil_hold_of_three_lock_durations_loses_the_lock_only_in_thread_mode",
+    "tests/isolation/test_process_mode.py::"
+    "test_a_killed_worker_leaves_no_lock_but_those_another_worker_holds",
+)
 BULLMQ_ROW = (
     "tests/bullmq/test_concurrency.py::test_a_job_fetched_beside_a_blocked_loop_keeps_its_lock"
 )
@@ -96,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         str(ROOT / "tests" / "faults"),
         # The bullmq integration's row: a blocked event loop beside a stalled check.
         str(ROOT / BULLMQ_ROW),
+        # Both modes side by side: a GIL hold in the worker, and the worker killed.
+        *(str(ROOT / row) for row in ISOLATION_ROWS),
         "-q",
         "-p",
         "no:cacheprovider",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tests.faults.conftest import record  # noqa: F401  (the fault table's row, for its rows here)
+
 __all__ = ["children", "gone"]
 
 

@@ -1,7 +1,7 @@
-"""A worker that renews its locks in process mode, then waits to be killed.
+"""A worker that renews its locks (in either mode), then waits to be killed.
 
-Run by the SIGKILL test: ``python worker_script.py URL QUEUE LOCK_MS JOB=TOKEN...``.
-It prints ``ready`` once the child tracks every job.
+Run by the SIGKILL test: ``python worker_script.py URL QUEUE LOCK_MS ISOLATION JOB=TOKEN...``.
+It prints ``ready`` once the manager tracks every job.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import threading
 from actors import QueueKeys, get_active_job_count, start_link, track_job
 
 if __name__ == "__main__":
-    url, queue, lock_ms, *pairs = sys.argv[1:]
+    url, queue, lock_ms, isolation, *pairs = sys.argv[1:]
     manager = start_link(
-        connection=url, keys=QueueKeys(queue), lock_duration=int(lock_ms), isolation="process"
+        connection=url, keys=QueueKeys(queue), lock_duration=int(lock_ms), isolation=isolation
     )
     for pair in pairs:
         job_id, token = pair.split("=", 1)
