@@ -1,14 +1,14 @@
 """A one-for-one supervisor over job actors that hear of their own lost lock.
 
-A job actor tracks its lock with ``notify=self.actor_ref``: told
-:class:`actors.LockLost`, it abandons the job. A crashed actor's ``on_failure``
-tells the supervisor, which untracks the job (its lock runs out) and restarts it.
-Run it with ``python examples/supervisor_tree.py`` (``REDIS_URL``, or a private
-server): another worker takes job-2's lock; job-3's actor crashes once.
+A job actor tracks its lock with ``notify=self.actor_ref``: told :class:`actors.LockLost`, it
+abandons the job. A crashed actor's ``on_failure`` tells the supervisor, which untracks the job
+(its lock runs out) and restarts it. Run it with ``python examples/supervisor_tree.py [process]``
+(``REDIS_URL``, or a private server): another worker takes job-2's lock; job-3's actor crashes once.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
 from typing import Any
@@ -90,15 +90,15 @@ class Supervisor(pykka.ThreadingActor):
             self.start_child(job_id)
 
 
-def main() -> int:
+def main(isolation: str = "thread") -> int:
     """Run four jobs; steal job-2's lock and crash job-3's actor once all of them work."""
-    keys, job_ids = actors.QueueKeys("supervised"), ["job-1", "job-2", "job-3", "job-4"]
+    keys, job_ids = actors.QueueKeys(f"supervised-{isolation}"), [f"job-{n}" for n in range(1, 5)]
     lost: list[actors.LostLock] = []
     with server_url() as url, redis.Redis.from_url(url, socket_timeout=5) as client:
-        # Step 1: one manager for the queue; the supervisor starts one actor per job.
-        manager = actors.start_link(
-            connection=url, keys=keys, lock_duration=LOCK_MS, on_lock_renewal_failed=lost.extend
-        )
+        # Step 1: one manager (renewing from a child with "process"); one actor per job.
+        manager = actors.start_link(connection=url, keys=keys, lock_duration=LOCK_MS,
+                                    on_lock_renewal_failed=lost.extend,
+                                    isolation=isolation)  # fmt: skip
         tree = Supervisor.start((manager, client, keys), job_ids).proxy()
         # Step 2: once every job holds its lock, job-2's is stolen and job-3's actor crashes.
         while client.exists(*map(keys.lock, job_ids)) < len(job_ids):
@@ -116,4 +116,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(*sys.argv[1:2]))

@@ -33,6 +33,7 @@ EXAMPLES = (
     "lease_thread",
     "lease_asyncio",
     "lease_actor",
+    "supervisor_tree process",
 )
 #: The examples' lock TTL, in milliseconds.
 LOCK_MS = 1500
@@ -47,7 +48,7 @@ def runs(server: Server) -> Iterator[Runs]:
     env = {**os.environ, "REDIS_URL": server.url}
     started = {
         name: subprocess.Popen(
-            [sys.executable, f"examples/{name}.py"],
+            [sys.executable, f"examples/{name.split()[0]}.py", *name.split()[1:]],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -89,12 +90,14 @@ def test_basic_holds_a_lock_past_its_ttl_and_leaves_nothing_behind(
     assert lock_keys(server, "emq:basic:*") == []
 
 
+@pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_supervisor_tree_abandons_the_stolen_job_and_restarts_the_crashed_actor(
-    runs: Runs, server: Server
+    runs: Runs, server: Server, isolation: str
 ) -> None:
-    # Given four job actors under a one-for-one supervisor,
+    # Given four job actors under a one-for-one supervisor (renewing from a
+    # thread, or from a child process),
     # when another worker takes job-2's lock and job-3's actor crashes
-    lines = output(runs, "supervisor_tree")
+    lines = output(runs, "supervisor_tree" if isolation == "thread" else "supervisor_tree process")
 
     # then only the stolen lock was reported lost, and its actor abandoned the
     # work; the crashed actor was replaced by one that took the job again
@@ -107,7 +110,7 @@ def test_supervisor_tree_abandons_the_stolen_job_and_restarts_the_crashed_actor(
     }
     assert lines == [f"outcomes: {outcomes}", "lost: ['job-2 (stolen)']"]
     # and every lock was released (the thief's ran out)
-    assert lock_keys(server, "emq:supervised:*") == []
+    assert lock_keys(server, f"emq:supervised-{isolation}:*") == []
 
 
 def test_manager_restart_keeps_every_lock_alive_after_the_manager_stops(
