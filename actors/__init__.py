@@ -12,15 +12,20 @@ Example:
 
 The layers, each importing only from those above it in this list: pure logic
 (:mod:`~actors.validation`, :mod:`~actors.keys`, :mod:`~actors.schedule`,
-:mod:`~actors.messages`, :mod:`~actors.lost`, :mod:`~actors.stats`,
-:mod:`~actors.jobs`, :mod:`~actors.operations`); Redis I/O
-(:mod:`~actors.describe`, :mod:`~actors.connection`, :mod:`~actors.outcome`,
-:mod:`~actors.evalsha`, :mod:`~actors.readback`, :mod:`~actors.scripts`,
-:mod:`~actors.renewer`); the actor (:mod:`~actors.timer`,
+:mod:`~actors.messages`, :mod:`~actors.rechecks`, :mod:`~actors.lost`,
+:mod:`~actors.stats`, :mod:`~actors.claims`, :mod:`~actors.validity`,
+:mod:`~actors.recently_lost`, :mod:`~actors.jobs`, :mod:`~actors.tally`,
+:mod:`~actors.deadlines`, :mod:`~actors.tracking`, :mod:`~actors.operations`);
+Redis I/O (:mod:`~actors.describe`, :mod:`~actors.connection`,
+:mod:`~actors.outcome`, :mod:`~actors.evalsha`, :mod:`~actors.readback`,
+:mod:`~actors.scripts`, :mod:`~actors.renewer`, :mod:`~actors.apply`); the
+actor (:mod:`~actors.timer`, :mod:`~actors.alarm`, :mod:`~actors.mailbox`,
 :mod:`~actors.answer`, :mod:`~actors.admission`, :mod:`~actors.ref`,
-:mod:`~actors.report`, :mod:`~actors.lock_manager`, :mod:`~actors.api`,
-:mod:`~actors.aio`, :mod:`~actors.leases`); tools (:mod:`~actors.embedded`, :mod:`~actors.cli`,
-:mod:`~actors.bullmq`).
+:mod:`~actors.stopping`, :mod:`~actors.report`, :mod:`~actors.settings`,
+:mod:`~actors.doors`, :mod:`~actors.handlers`, :mod:`~actors.lock_manager`,
+:mod:`~actors.api`, :mod:`~actors.aio`, :mod:`~actors.lease_wait`,
+:mod:`~actors.lease_hold`, :mod:`~actors.leases`); tools
+(:mod:`~actors.embedded`, :mod:`~actors.cli`, :mod:`~actors.bullmq`).
 ``tests/unit/test_layers.py`` keeps it so.
 
 One word per act and layer: the shared script and what mirrors it keep

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
+    from actors.tally import Tally
+
 __all__ = [
     "ATTR_CALLS",
     "ATTR_ERROR_TYPE",
@@ -96,6 +98,22 @@ class TickSpan:
             return
         span.set_attribute(ATTR_LATENESS, late_ms)
         span.set_attribute(ATTR_MARGIN, margin_ms)
+
+    def record(self, tally: Tally, calls: int | None, late_ms: float, margin_ms: float) -> None:
+        """Record a renewal: its outcome, its error, the tick's lateness and the least margin.
+
+        Args:
+            tally: What the renewal decided.
+            calls: The script calls sent, or ``None`` when the renewer raised
+                (no outcome to record).
+            late_ms: How late the last timer tick ran, in ms.
+            margin_ms: The least time a due lock had left, in ms.
+        """
+        if calls is not None:
+            self.finish(tally.lost, calls)
+        if tally.failure is not None:
+            self.error(tally.failure)
+        self.lateness(late_ms, margin_ms)
 
     def error(self, exc: BaseException) -> None:
         """Record the error that failed the tick, in whole or in part."""

@@ -71,7 +71,45 @@ def start_link(
         ...                      keys=QueueKeys("myqueue"))
         >>> track_job(manager, "42", token)
 
-    Args: as for :class:`~actors.LockManager`.
+    Args:
+        connection: A ``redis.Redis`` or ``redis.RedisCluster`` client, or a
+            Redis URL (the manager then builds a client whose failed command
+            ends within a quarter of the interval, and closes it when it stops).
+        keys: The queue's keys.
+        lock_duration: The lock TTL set at each renewal, in milliseconds.
+        lock_renew_time: Longest time between two renewals of a lock, in
+            milliseconds; ``lock_duration // 2`` when ``None``.
+        on_lock_renewal_failed: Called with the lost jobs, untracked first:
+            a list of :class:`~actors.LostLock`, each a ``str`` (the id) that
+            also carries the lost ``token`` and the ``reason``.
+        on_locks_renewed: Called with the ids renewed by a tick.
+        on_error: Called with the exception of a tick whose Redis call failed.
+        max_batch: Most ids per script call; a tick's calls share one round trip.
+        max_hold: Most milliseconds any job's lock is renewed (``None``: no
+            cap); past it the job is untracked and reported ``"max_hold"``.
+        renewer: What renews the locks, instead of the shared script on
+            ``connection`` (another backend, or a test's lock table).
+        clock: The monotonic clock, in milliseconds, for stamps and ticks.
+        timer: Builds the manager's one timer (see :mod:`actors.timer`).
+        safety_margin: How long before the server could expire a watched
+            lock (a lease's, a ``notify`` target's) its watchers are told
+            ``"unconfirmed"``, in milliseconds: the lock is trusted until
+            ``lock_duration - safety_margin`` after the last renewal the
+            server confirmed was sent. Half the timer interval when ``None``
+            (see ``actors.schedule.default_safety_margin``); it must be
+            below ``lock_duration`` minus the interval.
+        isolation: ``"thread"`` (the default): the timer and the renewals run
+            on this manager's threads. ``"process"``: they run in a child
+            process the manager starts and ends (see :mod:`actors.isolation`),
+            so no GIL hold in the worker delays a renewal, and the locks are
+            deleted (compare-and-delete on the token) when the worker dies.
+            The same API, messages, callbacks and leases; ``connection`` must
+            then be a URL or a ``redis.Redis`` (no cluster yet), and
+            ``renewer``, ``clock`` and ``timer`` are refused.
+
+    Callbacks run on the manager's thread, between ticks: keep them short,
+    and tell other actors rather than wait for them. Whatever they raise
+    (``SystemExit`` included) is logged and changes nothing.
 
     Raises:
         TypeError: An argument has the wrong type.

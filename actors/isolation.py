@@ -838,3 +838,26 @@ def _end(process: subprocess.Popen[bytes]) -> None:
             process.kill()
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(STOP_TIMEOUT_S)
+
+
+def link_for(manager: Any, connection: object, keys: QueueKeys, settings: Any) -> ChildLink:
+    """Build the child link of a process-mode ``manager`` (a ``LockManager`` being built).
+
+    Its job table becomes the mirror of the child's claims; the child's words
+    reach it through its mailbox, and its reporter passes them on.
+    """
+    mailbox = manager._mailbox
+    return ChildLink(
+        connection=connection,
+        keys=keys,
+        timing=settings.timing,
+        safety_margin=settings.safety_margin,
+        max_batch=settings.max_batch,
+        max_hold=settings.max_hold,
+        mirror=manager._jobs,
+        reporter=manager._reporter,
+        mailbox=mailbox.put,
+        idle=mailbox.empty,
+        tell=manager._tell_now,
+        stop=lambda: manager._actor_ref.stop(block=False),
+    )

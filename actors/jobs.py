@@ -1,95 +1,27 @@
-"""The tracked jobs of one manager: pure bookkeeping, no I/O, no threads."""
+"""The tracked jobs of one manager: pure bookkeeping, no I/O, no threads.
+
+The records a table keeps live beside it, one idea each: the claims
+(:mod:`actors.claims`), a watched lock's deadline (:mod:`actors.validity`)
+and the recently lost locks (:mod:`actors.recently_lost`); they stay
+importable from here.
+"""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from itertools import compress
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING
 
+from actors.claims import PLAIN_ONLY, Claim, Ended, Watch, ending, past, with_claim
+from actors.recently_lost import RECENTLY_LOST, Gone, LostLocks
 from actors.schedule import DEFAULT_LOCK_DURATION, Timing, default_safety_margin, due_mask
+from actors.validity import Deadlines, Validity
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from actors.lost import Reason
     from actors.messages import Notify
 
-__all__ = [
-    "RECENTLY_LOST",
-    "Claim",
-    "Ended",
-    "Gone",
-    "JobTable",
-    "LostLocks",
-    "Validity",
-    "Watch",
-]
-
-#: How many lost ``(job, token)`` pairs a manager remembers, the oldest
-#: forgotten first: a lock tracked again within that many losses of its own
-#: is neither renewed nor reported again.
-RECENTLY_LOST: Final = 10_000
-
-
-class Claim(NamedTuple):
-    """One holder's claim on a lock: who it is, and until when it wants the lock renewed."""
-
-    #: Told :class:`~actors.LockLost` if the lock is lost while the claim
-    #: holds; ``None`` for the plain claim of a worker that tracks without one.
-    target: Notify | None
-    #: Monotonic ms after which this claim ends (its ``max_hold``), or ``None``.
-    deadline: int | None
-    #: Ended only by an untrack that names :attr:`target` (a lease's claim).
-    keep: bool = False
-    #: This claim's ``safety_margin`` in ms, or ``None`` for the manager's.
-    margin: int | None = None
-
-
-class Validity:
-    """Until when a watched lock is certainly still held at the server: shared, read anywhere.
-
-    One per watched lock (per job and token), written only on the manager's
-    thread; a lease reads :attr:`deadline` from the job's thread (an ``int``
-    attribute: one read, no lock). The deadline is the monotonic time at
-    which the last renewal the server confirmed was sent (for a new lock,
-    when it was taken), plus ``lock_duration``, minus the safety margin.
-    """
-
-    __slots__ = ("confirmed", "deadline", "span")
-
-    def __init__(self, confirmed: int, span: int) -> None:
-        #: Monotonic ms at which the last confirmed renewal was sent (or the lock taken).
-        self.confirmed = confirmed
-        #: How long after :attr:`confirmed` the lock is trusted: ``lock_duration - margin``.
-        self.span = span
-        #: Monotonic ms past which the lock may be gone at the server.
-        self.deadline = confirmed + span
-
-    def __repr__(self) -> str:
-        return f"Validity(confirmed={self.confirmed}, deadline={self.deadline})"
-
-
-class Watch(NamedTuple):
-    """The claims of a lock that is more than one plain claim without a deadline."""
-
-    #: Every claim on the lock's current token, in the order they were made.
-    claims: tuple[Claim, ...]
-    #: The claims' targets, in the same order: a lock with any is checked at every tick.
-    targets: tuple[Notify, ...]
-    #: The earliest of the claims' deadlines, or ``None``.
-    deadline: int | None
-
-
-#: What an untrack, a loss or a deadline took from one lock: its token, the
-#: claims that ended (in the order they were made), and whether none is left
-#: (the job is no longer tracked). A plain tuple: an untrack by the hundred
-#: thousand builds one each.
-Ended = tuple[str, tuple[Claim, ...], bool]
-
-#: The claim of a job tracked plainly, without a deadline: the only one most
-#: jobs have, stored as no :class:`Watch` at all.
-_PLAIN: Final = Claim(None, None)
-_PLAIN_ONLY: Final = (_PLAIN,)
+__all__ = ["RECENTLY_LOST", "Claim", "Ended", "Gone", "JobTable", "LostLocks", "Validity", "Watch"]
 
 
 class JobTable:
@@ -118,16 +50,7 @@ class JobTable:
             ms; half the timer interval of ``lock_duration`` when ``None``.
     """
 
-    __slots__ = (
-        "earliest",
-        "fresh",
-        "lock_duration",
-        "margin",
-        "stamps",
-        "tokens",
-        "valid",
-        "watches",
-    )
+    __slots__ = ("deadlines", "fresh", "lock_duration", "margin", "stamps", "tokens", "watches")
 
     def __init__(
         self, lock_duration: int = DEFAULT_LOCK_DURATION, safety_margin: int | None = None
@@ -136,11 +59,8 @@ class JobTable:
         self.margin = (
             default_safety_margin(Timing(lock_duration)) if safety_margin is None else safety_margin
         )
-        #: The watched locks' validity, by job id.
-        self.valid: dict[str, Validity] = {}
-        #: No watched lock's deadline is earlier than this (ms), or ``None``:
-        #: never later than the truth, sometimes earlier (a lock untracked since).
-        self.earliest: int | None = None
+        #: The watched locks' validity and the earliest of their deadlines.
+        self.deadlines = Deadlines()
         self.tokens: dict[str, str] = {}
         #: Monotonic ms of the lock's taking or of its last renewal: never
         #: later than the moment the server set its TTL.
@@ -148,6 +68,16 @@ class JobTable:
         self.watches: dict[str, Watch] = {}
         #: The jobs whose lock this manager has not renewed yet (an ordered set).
         self.fresh: dict[str, None] = {}
+
+    @property
+    def valid(self) -> dict[str, Validity]:
+        """The watched locks' validity, by job id."""
+        return self.deadlines.valid
+
+    @property
+    def earliest(self) -> int | None:
+        """No watched lock's deadline is earlier than this (ms), or ``None``."""
+        return self.deadlines.earliest
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -160,7 +90,7 @@ class JobTable:
         if job_id not in self.tokens:
             return ()
         watch = self.watches.get(job_id)
-        return _PLAIN_ONLY if watch is None else watch.claims
+        return PLAIN_ONLY if watch is None else watch.claims
 
     def track(
         self,
@@ -213,24 +143,15 @@ class JobTable:
             self.stamps[job_id] = ts
             self.fresh[job_id] = None
             gone = self.watches.pop(job_id, None)
-            self._unwatch(job_id)
+            self.deadlines.unwatch(job_id)
             if held is not None and gone is not None and gone.targets:
                 replaced = (held, gone.targets)
             claims = ()
         else:
             watch = self.watches.get(job_id)
-            claims = _PLAIN_ONLY if watch is None else watch.claims
+            claims = PLAIN_ONLY if watch is None else watch.claims
         deadline = None if max_hold is None else ts + max_hold
-        # By identity: an actor's ``actor_ref`` is one object, and comparing
-        # with ``==`` would run a target's own code on the manager's thread.
-        for i, claim in enumerate(claims):
-            if claim.target is notify:
-                if claim.deadline is None and deadline is not None:
-                    claims = (*claims[:i], claim._replace(deadline=deadline), *claims[i + 1 :])
-                break
-        else:
-            claims = (*claims, Claim(notify, deadline, keep, margin))
-        self._keep(job_id, claims)
+        self._keep(job_id, with_claim(claims, Claim(notify, deadline, keep, margin)))
         return replaced
 
     def untrack(
@@ -266,17 +187,8 @@ class JobTable:
             del self.tokens[job_id]
             del self.stamps[job_id]
             self.fresh.pop(job_id, None)
-            return held, _PLAIN_ONLY, True
-        ended: tuple[Claim, ...]
-        kept: tuple[Claim, ...]
-        if everyone:
-            ended, kept = watch.claims, ()
-        elif notify is not None:
-            ended = tuple(claim for claim in watch.claims if claim.target is notify)
-            kept = tuple(claim for claim in watch.claims if claim.target is not notify)
-        else:
-            ended = tuple(claim for claim in watch.claims if not claim.keep)
-            kept = tuple(claim for claim in watch.claims if claim.keep)
+            return held, PLAIN_ONLY, True
+        ended, kept = ending(watch.claims, notify, everyone=everyone)
         if not kept:
             self._drop(job_id)
         elif ended:
@@ -291,8 +203,7 @@ class JobTable:
             now: The tick's time, in monotonic ms.
         """
         token, watch = self.tokens[job_id], self.watches[job_id]
-        ended = tuple(c for c in watch.claims if c.deadline is not None and c.deadline <= now)
-        kept = tuple(c for c in watch.claims if c.deadline is None or c.deadline > now)
+        ended, kept = past(watch.claims, now)
         if kept:
             self._keep(job_id, kept)
         else:
@@ -302,40 +213,24 @@ class JobTable:
     def _keep(self, job_id: str, claims: tuple[Claim, ...]) -> None:
         if len(claims) == 1 and claims[0].target is None and claims[0].deadline is None:
             self.watches.pop(job_id, None)
-            self._unwatch(job_id)
+            self.deadlines.unwatch(job_id)
             return
         deadlines = [claim.deadline for claim in claims if claim.deadline is not None]
         targets = tuple(claim.target for claim in claims if claim.target is not None)
         self.watches[job_id] = Watch(claims, targets, min(deadlines) if deadlines else None)
         if not targets:
-            self._unwatch(job_id)
+            self.deadlines.unwatch(job_id)
             return
         # One deadline per lock: the most careful of its watchers' margins.
         margin = max(self.margin if c.margin is None else c.margin for c in claims if c.target)
-        span = self.lock_duration - margin
-        validity = self.valid.get(job_id)
-        if validity is None:
-            validity = self.valid[job_id] = Validity(self.stamps[job_id], span)
-        elif validity.span != span:
-            validity.span = span
-            validity.deadline = validity.confirmed + span
-            self.earliest = min(v.deadline for v in self.valid.values())
-        if self.earliest is None or validity.deadline < self.earliest:
-            self.earliest = validity.deadline
-
-    def _unwatch(self, job_id: str) -> None:
-        """Forget the lock's validity; the earliest deadline is then that of the others."""
-        validity = self.valid.pop(job_id, None)
-        if validity is not None and validity.deadline == self.earliest:
-            # A stale earliest would arm the timer for a deadline nobody has.
-            self.earliest = min((v.deadline for v in self.valid.values()), default=None)
+        self.deadlines.watch(job_id, self.stamps[job_id], self.lock_duration - margin)
 
     def _drop(self, job_id: str) -> None:
         del self.tokens[job_id]
         del self.stamps[job_id]
         self.fresh.pop(job_id, None)
         self.watches.pop(job_id, None)
-        self._unwatch(job_id)
+        self.deadlines.unwatch(job_id)
 
     def confirm(self, now: int) -> list[str]:
         """Move each watched lock's deadline to its last confirmed renewal; return those past it.
@@ -352,21 +247,7 @@ class JobTable:
         Returns:
             The ids of the watched locks past their deadline, still tracked.
         """
-        stamps = self.stamps
-        overdue: list[str] = []
-        earliest: int | None = None
-        for job_id, validity in self.valid.items():
-            if validity.deadline <= now:
-                overdue.append(job_id)
-                continue
-            stamp = stamps[job_id]
-            if stamp > validity.confirmed:
-                validity.confirmed = stamp
-                validity.deadline = stamp + validity.span
-            if earliest is None or validity.deadline < earliest:
-                earliest = validity.deadline
-        self.earliest = earliest
-        return overdue
+        return self.deadlines.confirm(self.stamps, now)
 
     def ids(self) -> list[str]:
         """Return the tracked ids, in tracking order."""
@@ -453,59 +334,3 @@ class JobTable:
             for job_id, watch in self.watches.items()
             if watch.deadline is not None and watch.deadline <= now
         ]
-
-
-class Gone(NamedTuple):
-    """What a manager remembers of a lost lock, or of a lock some of whose claims ended."""
-
-    #: Why the lock was lost, or ``None`` while it is renewed for other claims.
-    reason: Reason | None
-    #: Who was told (or, for the plain claim, ``None``): each told once.
-    told: tuple[Notify | None, ...]
-
-
-class LostLocks:
-    """The recently lost locks, by ``(job, token)``: at most ``size``, the least recent forgotten.
-
-    A lost lock is never held again with the same token (a new run of the job
-    takes a new one), so the pairs of locks lost long ago are not needed; the
-    recent ones are, for a holder that tracks its lost lock again (a progress
-    hook, a target that tracks in its ``tell``), which must not start the
-    lock's renewal, or its reports, over again.
-
-    Args:
-        size: Most pairs remembered.
-    """
-
-    __slots__ = ("_gone", "size")
-
-    def __init__(self, size: int = RECENTLY_LOST) -> None:
-        self.size = size
-        self._gone: OrderedDict[tuple[str, str], Gone] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._gone)
-
-    def get(self, job_id: str, token: str) -> Gone | None:
-        """Return what is remembered of the lock, and remember it longest now."""
-        key = (job_id, token)
-        gone = self._gone.get(key)
-        if gone is not None:
-            self._gone.move_to_end(key)
-        return gone
-
-    def add(self, job_id: str, token: str, reason: Reason | None, told: Sequence[Claim]) -> None:
-        """Remember that the claims ``told`` of the lock ended (and, with a reason, the lock)."""
-        key = (job_id, token)
-        gone = self._gone.pop(key, None)
-        known = () if gone is None else gone.told
-        added = tuple(claim.target for claim in told if not any(k is claim.target for k in known))
-        if gone is not None and gone.reason is not None:
-            reason = gone.reason
-        self._gone[key] = Gone(reason, known + added)
-        if len(self._gone) > self.size:
-            self._gone.popitem(last=False)
-
-    def told(self, job_id: str, token: str, target: Notify) -> None:
-        """Remember that ``target`` was told of the lock's loss."""
-        self.add(job_id, token, None, (Claim(target, None),))

@@ -1,9 +1,10 @@
 """The renewer every manager uses unless told otherwise: the shared script on Redis.
 
-:class:`RedisRenewer` fills the seam of :mod:`actors.outcome` with
-:func:`actors.scripts.renew_batch`: chunked, pipelined, read back when a lock
-was lost. :class:`~actors.outcome.Renewer` and
-:class:`~actors.outcome.BatchOutcome` stay importable from here.
+:class:`RedisRenewer` fills the seam of :mod:`actors.outcome`: a manager's
+tick calls it, and it sends the batch's EVALSHA calls in one round trip
+(:func:`actors.evalsha.run_chunks`), then reads back the locks reported lost
+(:func:`actors.readback.classify_failed`). :class:`~actors.outcome.Renewer`
+and :class:`~actors.outcome.BatchOutcome` stay importable from here.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from actors.connection import check_client, client_for_url, unreachable_message
+from actors.evalsha import DEFAULT_MAX_BATCH, run_chunks
 from actors.outcome import BatchOutcome, Renewer
+from actors.readback import classify_failed
 from actors.schedule import check_lock_duration
-from actors.scripts import DEFAULT_MAX_BATCH, renew_batch
-from actors.validation import require_int
+from actors.validation import require_batch, require_int
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -80,17 +82,16 @@ class RedisRenewer:
 
     def __call__(self, job_ids: Sequence[str], tokens: Sequence[str]) -> BatchOutcome:
         """Renew ``job_ids`` held with ``tokens`` in one round trip."""
+        # Every id and token was checked when the job was tracked.
+        require_batch(job_ids, tokens, self.lock_duration, each=False)
+        if not job_ids:
+            return BatchOutcome([], [])
+        conn, keys = self.connection, self.keys
         try:
-            return renew_batch(
-                self.connection,
-                self.keys,
-                job_ids,
-                tokens,
-                self.lock_duration,
-                max_batch=self._max_batch,
-                # Every id and token was checked when the job was tracked.
-                check_items=False,
-            )
+            outcome = run_chunks(conn, keys, job_ids, tokens, self.lock_duration, self._max_batch)
+            if outcome.failed:
+                outcome = classify_failed(conn, keys, job_ids, tokens, outcome)
+            return outcome
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             # Once, at the first failure: where the server was looked for and
             # what to check. The tick's own error line follows, every streak.

@@ -1,10 +1,10 @@
-"""What a manager tells the world about its ticks: counters, log lines, callbacks.
+"""What a manager tells the world about its ticks: counters, log lines, callbacks, targets.
 
 The manager decides (what is due, what is lost); the :class:`Reporter` says
 so, in three ways at once: it counts (for ``get_stats``), it logs (with the
 queue's name in every line, a traceback only on the first failure of a
-streak), and it calls the user's callbacks, guarded so that nothing they
-raise reaches the actor.
+streak), and it calls the user's callbacks and tells each lost lock's
+targets, guarded so that nothing they raise reaches the actor.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from actors.keys import QueueKeys
     from actors.lost import LostLock
     from actors.schedule import Timing
+    from actors.tally import Note, Tally
 
 __all__ = ["Reporter"]
 
@@ -58,7 +59,8 @@ class Reporter:
         self._on_error = on_error
         self._late_streak = 0
         self._hinted = False
-        #: Whether a callback runs now (read by other threads: see ManagerRef.ask).
+        #: Whether a callback or a target's ``tell`` runs now (read by other
+        #: threads: see ManagerRef.ask).
         self.calling = False
 
     def late(self, late_ms: int) -> None:
@@ -92,6 +94,16 @@ class Reporter:
             self._timing.renew_time,
         )
 
+    def renewal(self, tally: Tally, now: int, margin_ms: int) -> None:
+        """Say what a renewal did: its renewed ids, its lost locks, its error or its success."""
+        if tally.renewed:
+            self.renewed(tally.renewed, now, margin_ms)
+        self.lost(tally.lost)
+        if tally.failure is None:
+            self.succeeded()
+        else:
+            self.failed(tally.failure, tally.unknown)
+
     def renewed(self, job_ids: list[str], now: int, margin_ms: int) -> None:
         """Count a tick's renewals and pass them to ``on_locks_renewed``."""
         counters = self.counters
@@ -101,7 +113,9 @@ class Reporter:
         self._call(self._on_renewed, job_ids, "on_locks_renewed")
 
     def lost(self, lost: Sequence[LostLock]) -> None:
-        """Count, log and pass on lost locks (already untracked)."""
+        """Count, log and pass on lost locks (already untracked); none, nothing to say."""
+        if not lost:
+            return
         self.counters.lost += len(lost)
         name = self._keys.name
         logger.warning(
@@ -160,6 +174,25 @@ class Reporter:
             )
             counters.failed_streak = 0
             counters.last_error = ""
+
+    def tell(self, notes: Sequence[Note]) -> None:
+        """Tell each target of a lost lock its :class:`~actors.LockLost`; a failure is logged."""
+        calling, self.calling = self.calling, True
+        try:
+            for target, message in notes:
+                try:
+                    target.tell(message)
+                except BaseException:
+                    logger.warning(
+                        "LockManager for queue %r: could not tell a %s that job %r lost its lock",
+                        self._keys.name,
+                        type(target).__name__,
+                        message.job_id,
+                        exc_info=True,
+                    )
+        finally:
+            # Restored, not cleared: a target's tell may call back in and tell again.
+            self.calling = calling
 
     def wants(self, name: str) -> bool:
         """Whether the user gave the callback ``name`` (``"on_locks_renewed"``, ...)."""
