@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 if TYPE_CHECKING:
     from actors.messages import Notify
 
-__all__ = ["PLAIN", "PLAIN_ONLY", "Claim", "Ended", "Watch", "ending", "past", "with_claim"]
+__all__ = ["PLAIN", "PLAIN_ONLY", "Claim", "Ended", "Holders", "ending", "past", "with_claim"]
 
 
 class Claim(NamedTuple):
@@ -27,7 +27,7 @@ class Claim(NamedTuple):
     margin: int | None = None
 
 
-class Watch(NamedTuple):
+class Holders(NamedTuple):
     """The claims of a lock that is more than one plain claim without a deadline."""
 
     #: Every claim on the lock's current token, in the order they were made.
@@ -45,7 +45,7 @@ class Watch(NamedTuple):
 Ended = tuple[str, tuple[Claim, ...], bool]
 
 #: The claim of a job tracked plainly, without a deadline: the only one most
-#: jobs have, stored as no :class:`Watch` at all.
+#: jobs have, stored as no :class:`Holders` at all.
 PLAIN: Final = Claim(None, None)
 #: The claims of a plainly tracked job.
 PLAIN_ONLY: Final = (PLAIN,)

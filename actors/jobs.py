@@ -11,7 +11,7 @@ from __future__ import annotations
 from itertools import compress
 from typing import TYPE_CHECKING
 
-from actors.claims import PLAIN_ONLY, Claim, Ended, Watch, ending, past, with_claim
+from actors.claims import PLAIN_ONLY, Claim, Ended, Holders, ending, past, with_claim
 from actors.recently_lost import RECENTLY_LOST, Gone, LostLocks
 from actors.schedule import DEFAULT_LOCK_DURATION, Timing, default_safety_margin, due_mask
 from actors.validity import Deadlines, Validity
@@ -21,7 +21,16 @@ if TYPE_CHECKING:
 
     from actors.messages import Notify
 
-__all__ = ["RECENTLY_LOST", "Claim", "Ended", "Gone", "JobTable", "LostLocks", "Validity", "Watch"]
+__all__ = [
+    "RECENTLY_LOST",
+    "Claim",
+    "Ended",
+    "Gone",
+    "Holders",
+    "JobTable",
+    "LostLocks",
+    "Validity",
+]
 
 
 class JobTable:
@@ -33,7 +42,7 @@ class JobTable:
     and stamping a tick's renewals stores one shared int, allocating nothing
     per job. A job tracked once, plainly and without a deadline, has one
     implicit claim; the few with more (a ``notify`` target, a lease, a hold
-    deadline) keep a :class:`Watch` of their claims in a third dict.
+    deadline) keep their :class:`Holders` (the claims) in a third dict.
 
     A lock not yet renewed goes first in its tick's batch. A batch of every
     job takes a while (about a second for 100,000), and a job tracked during
@@ -65,7 +74,7 @@ class JobTable:
         #: Monotonic ms of the lock's taking or of its last renewal: never
         #: later than the moment the server set its TTL.
         self.stamps: dict[str, int] = {}
-        self.watches: dict[str, Watch] = {}
+        self.watches: dict[str, Holders] = {}
         #: The jobs whose lock this manager has not renewed yet (an ordered set).
         self.fresh: dict[str, None] = {}
 
@@ -183,7 +192,7 @@ class JobTable:
             if notify is not None and not everyone:
                 return held, (), False
             # The one plain claim, as most jobs have: inlined, an untrack is hot.
-            # (A lock without a Watch has no Validity either.)
+            # (A lock without a Holders has no Validity either.)
             del self.tokens[job_id]
             del self.stamps[job_id]
             self.fresh.pop(job_id, None)
@@ -217,7 +226,7 @@ class JobTable:
             return
         deadlines = [claim.deadline for claim in claims if claim.deadline is not None]
         targets = tuple(claim.target for claim in claims if claim.target is not None)
-        self.watches[job_id] = Watch(claims, targets, min(deadlines) if deadlines else None)
+        self.watches[job_id] = Holders(claims, targets, min(deadlines) if deadlines else None)
         if not targets:
             self.deadlines.unwatch(job_id)
             return

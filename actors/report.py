@@ -102,7 +102,7 @@ class Reporter:
         if tally.failure is None:
             self.succeeded()
         else:
-            self.failed(tally.failure, tally.unknown)
+            self.tick_failed(tally.failure, tally.unknown)
 
     def renewed(self, job_ids: list[str], now: int, margin_ms: int) -> None:
         """Count a tick's renewals and pass them to ``on_locks_renewed``."""
@@ -145,7 +145,7 @@ class Reporter:
             )
         self._call(self._on_failed, list(lost), "on_lock_renewal_failed")
 
-    def failed(self, exc: Exception, jobs: int) -> None:
+    def tick_failed(self, exc: Exception, jobs: int) -> None:
         """Count and log a tick whose Redis call failed; pass it to ``on_error``."""
         counters = self.counters
         counters.errors += 1

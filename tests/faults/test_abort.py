@@ -124,7 +124,7 @@ def expiry(direct: redis.Redis) -> int:
     return before + pttl
 
 
-class Watch:
+class Waiter:
     """A thread beside the job, waiting on the lease: when was it told?"""
 
     def __init__(self, held: actors.Lease) -> None:
@@ -173,7 +173,7 @@ def test_partition_the_job_is_told_before_the_server_expires_the_lock(
     try:
         with lease(manager, "job", token) as held:
             wait_renewed(manager)
-            watch = Watch(held)
+            watch = Waiter(held)
             # When only the manager's connection is black-holed
             proxy.mode = "blackhole"
             fault = now_ms()
@@ -206,7 +206,7 @@ def test_redis_paused_the_job_is_told_before_the_server_expires_the_lock(
     try:
         with lease(manager, "job", token) as held:
             wait_renewed(manager)
-            watch = Watch(held)
+            watch = Waiter(held)
             expired = expiry(direct)
             fault = now_ms()
             private_server.pause()
@@ -243,7 +243,7 @@ def test_redis_restarted_empty_the_job_is_told_within_a_tick(
     try:
         with lease(manager, "job", token) as held:
             wait_renewed(manager)
-            watch = Watch(held)
+            watch = Waiter(held)
             fault = now_ms()
             private_server.restart()
             expired = now_ms()  # the lock went with the data
@@ -289,7 +289,7 @@ def test_failover_to_a_replica_that_missed_renewals_the_job_is_told_within_a_tic
         replicating(replica, private_server)
         with lease(manager, "job", token) as held:
             wait_renewed(manager)
-            watch = Watch(held)
+            watch = Waiter(held)
             # Given a replica cut off from its primary: it keeps the lock as
             # the last replicated renewal left it, while the primary goes on
             # confirming renewals, and another worker takes the job there

@@ -24,6 +24,7 @@ from actors import (
     QueueKeys,
     get_stats,
     get_tracked_job_ids,
+    lease,
     start_link,
     track_job,
     untrack_job,
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 
 KEYS = QueueKeys("soak")
 CHURN_THREADS = 16
+#: Jobs held through leases for the whole run.
+LEASES = 8
 CHURN_IDS = 100
 #: Ticks before the memory baseline: every job renewed, buffers grown.
 WARMUP_TICKS = 10
@@ -56,6 +59,7 @@ class Figures:
     renewals: int
     tracked_end: int
     lost: int
+    leases_told: list[str | None]
     errors: int
     seconds: float
 
@@ -66,7 +70,7 @@ class Figures:
             f"{self.bytes_per_job:.0f} B/tracked job, memory after warm-up "
             f"{self.traced_warm / 1e6:.2f} -> {self.traced_end / 1e6:.2f} MB, "
             f"{self.renewals} renewals, {self.churn_ops} churn ops, "
-            f"{self.lost} lost, {self.errors} errors, "
+            f"{self.lost} lost, {LEASES} leases told {self.leases_told}, {self.errors} errors, "
             f"{self.seconds:.1f} s"
         )
 
@@ -137,6 +141,12 @@ def run_load(server: Server, client: redis.Redis, jobs: int, ticks: int, lock_ms
             for job_id, token in chunk:
                 track_job(manager, job_id, token)
 
+        # A few jobs held through leases: watched, each renewed every tick and
+        # trusted until its deadline, which a healthy manager never lets pass.
+        leased = {f"leased-{i}": new_token() for i in range(LEASES)}
+        set_locks(client, KEYS, leased, 2 * lock_ms)
+        leases = [lease(manager, job_id, token).__enter__() for job_id, token in leased.items()]
+
         stop = threading.Event()
         churn = [Churn(i, manager, client, lock_ms, stop) for i in range(CHURN_THREADS)]
         for thread in churn:
@@ -163,6 +173,9 @@ def run_load(server: Server, client: redis.Redis, jobs: int, ticks: int, lock_ms
         for thread in churn:
             thread.join(timeout=30)
 
+        told: list[str | None] = [one.reason for one in leases if one.lost]
+        for held_lease in leases:
+            held_lease.__exit__(None, None, None)
         expected = set(tokens)
         held = dict(tokens)
         for thread in churn:
@@ -185,6 +198,7 @@ def run_load(server: Server, client: redis.Redis, jobs: int, ticks: int, lock_ms
             renewals=renewed[0],
             tracked_end=len(tracked),
             lost=stats.lost,
+            leases_told=told,
             errors=stats.errors,
             seconds=time.monotonic() - started,
         )
@@ -200,6 +214,8 @@ def check(figures: Figures) -> None:
     # Exactly one timer thread and one actor thread, whatever the load.
     assert len(figures.threads) == 1
     assert figures.lost == 0
+    # No healthy lease is ever told "unconfirmed" (nor anything else).
+    assert figures.leases_told == []
     # Flat: after warm-up, memory moves only with the churning jobs (at most
     # 1,600, a few hundred kB). Keeping one object per renewal would add
     # megabytes over the remaining 40 ticks.
