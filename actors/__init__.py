@@ -21,11 +21,13 @@ Redis I/O (:mod:`~actors.describe`, :mod:`~actors.connection`,
 :mod:`~actors.scripts`, :mod:`~actors.renewer`, :mod:`~actors.apply`); the
 actor (:mod:`~actors.timer`, :mod:`~actors.alarm`, :mod:`~actors.mailbox`,
 :mod:`~actors.answer`, :mod:`~actors.admission`, :mod:`~actors.ref`,
-:mod:`~actors.stopping`, :mod:`~actors.report`, :mod:`~actors.settings`,
-:mod:`~actors.doors`, :mod:`~actors.handlers`, :mod:`~actors.lock_manager`,
-:mod:`~actors.api`, :mod:`~actors.aio`, :mod:`~actors.lease_wait`,
-:mod:`~actors.lease_hold`, :mod:`~actors.leases`); tools
-(:mod:`~actors.embedded`, :mod:`~actors.cli`, :mod:`~actors.bullmq`).
+:mod:`~actors.stopping`, :mod:`~actors.report`, :mod:`~actors._shared`,
+:mod:`~actors._spawn`, :mod:`~actors._forward`, :mod:`~actors._link`,
+:mod:`~actors.isolation`, :mod:`~actors.settings`, :mod:`~actors.doors`,
+:mod:`~actors.handlers`, :mod:`~actors.lock_manager`, :mod:`~actors.api`,
+:mod:`~actors.aio`, :mod:`~actors.lease_wait`, :mod:`~actors.lease_hold`,
+:mod:`~actors.leases`); tools (:mod:`~actors._child_io`, :mod:`~actors._child`,
+:mod:`~actors.embedded`, :mod:`~actors.cli`, :mod:`~actors.bullmq`).
 ``tests/unit/test_layers.py`` keeps it so.
 
 One word per act and layer: the shared script and what mirrors it keep

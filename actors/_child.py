@@ -1,13 +1,13 @@
 """The child process of a process-mode manager: its timer, its renewals, its cleanup.
 
-Started by :class:`actors.isolation.ChildLink` as ``python -c ... FD MEMFD``
+Started by :class:`actors._link.ChildLink` as ``python -c ... FD MEMFD``
 with one end of a socket pair and the shared deadline memory. It runs an
 ordinary thread-mode manager with its own Redis client, built from the
 worker's URL or client settings, and does what the worker's manager asks.
 Notify targets are known here by number: each has a stand-in whose ``tell``
 sends the :class:`~actors.LockLost` back. Everything the child says goes
-through one writer thread, so no renewal ever waits for the worker (a worker
-whose GIL is held reads nothing for a while).
+through one writer thread (see :mod:`actors._child_io`), so no renewal ever
+waits for the worker (a worker whose GIL is held reads nothing for a while).
 
 When the worker is gone (the socket closes, or, where Linux offers it, the
 worker's process handle says it ended), the child deletes each lock it was
@@ -22,17 +22,22 @@ import contextlib
 import logging
 import mmap
 import os
-import pickle
-import queue
 import signal
 import threading
-from importlib import resources
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, Final
 
+from actors._child_io import (
+    RELEASE_SCRIPT,
+    LogForward,
+    Writer,
+    parent_handle,
+    portable,
+    release_locks,
+)
+from actors._spawn import Failed
 from actors.api import get_tracked_job_ids, start_link, stop
 from actors.connection import client_like
-from actors.isolation import Failed
 from actors.jobs import Validity
 from actors.keys import QueueKeys
 from actors.lost import LockLost
@@ -56,8 +61,6 @@ __all__ = ["RELEASE_SCRIPT", "main"]
 
 logger = logging.getLogger(__name__)
 
-#: The compare-and-delete run for each lock when the worker is gone.
-RELEASE_SCRIPT: Final = "releaseLock-1.lua"
 #: Most seconds the child waits on its own manager (an answer, its stop).
 WAIT_S: Final = 30.0
 
@@ -84,20 +87,10 @@ def main(argv: list[str]) -> int:
         child = _Child(conn, int(argv[1]), config)
     except BaseException as exc:
         with contextlib.suppress(Exception):
-            conn.send([("failed", _portable(exc))])
+            conn.send([("failed", portable(exc))])
         return 1
     conn.send([("ready", os.getpid())])
     return child.run()
-
-
-def _portable(error: BaseException) -> Exception:
-    """Return ``error`` if it crosses a pickle unchanged in type, else a ``RuntimeError`` of it."""
-    try:
-        if isinstance(error, Exception) and type(pickle.loads(pickle.dumps(error))) is type(error):
-            return error
-    except Exception:  # any failure to pickle means: describe it instead
-        pass
-    return RuntimeError(f"{type(error).__name__}: {error}")
 
 
 class _StandIn:
@@ -115,41 +108,21 @@ class _StandIn:
             self._child.told(self.tid, message)
 
 
-class _Forward(logging.Handler):
-    """Sends the child's log lines to the worker, which logs them as its own."""
-
-    def __init__(self, post: Callable[[tuple[Any, ...]], None], level: int) -> None:
-        super().__init__(level)
-        self._post = post
-        self.setFormatter(logging.Formatter("%(message)s"))
-
-    def emit(self, record: logging.LogRecord) -> None:
-        """Send one record, formatted (with its traceback, if any)."""
-        try:
-            self._post(("log", record.levelno, record.name, self.format(record)))
-        except Exception:
-            self.handleError(record)
-
-
 class _Child:
     """The child's state: its manager, the stand-ins, the slots, the writer."""
 
     def __init__(self, conn: Connection, memfd: int, config: dict[str, Any]) -> None:
         self._conn = conn
-        self._out: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-        self._writer = threading.Thread(target=self._write, name="child-writer", daemon=True)
+        self._out = Writer(conn)
         self._map = mmap.mmap(memfd, config["slots"] * 16)
         os.close(memfd)
         self._cells = memoryview(self._map).cast("q")
         self._parent: int = config["parent"]
-        self._pidfd: int | None = None
-        if hasattr(os, "pidfd_open"):
-            with contextlib.suppress(OSError):
-                self._pidfd = os.pidfd_open(self._parent)
+        self._pidfd = parent_handle(self._parent)
         package = logging.getLogger("actors")
         package.propagate = False
         package.setLevel(config["log_level"])
-        package.addHandler(_Forward(self._out.put, config["log_level"]))
+        package.addHandler(LogForward(self._out.put, config["log_level"]))
         self._keys = QueueKeys(config["queue"], config["prefix"])
         timing = Timing(config["lock_duration"], config["lock_renew_time"])
         self._client = client_like(config["connection"], interval_ms=timing.interval)
@@ -179,7 +152,7 @@ class _Child:
 
     def run(self) -> int:
         """Serve the worker until it stops the child or is gone; return the exit code."""
-        self._writer.start()
+        self._out.start()
         watched: list[Any] = [self._conn]
         if self._pidfd is not None:
             watched.append(self._pidfd)
@@ -252,7 +225,7 @@ class _Child:
         try:
             value = answer.get(timeout=0)
         except BaseException as exc:
-            value = Failed(_portable(exc))
+            value = Failed(portable(exc))
         self._out.put(("reply", request, value))
 
     def _answer(self, request: int | None, value: Any) -> None:
@@ -319,41 +292,14 @@ class _Child:
         self._out.put(("lost", lost))
 
     def _error(self, error: Exception) -> None:
-        self._out.put(("error", _portable(error)))
+        self._out.put(("error", portable(error)))
 
     def told(self, tid: int, message: LockLost) -> None:
         """A stand-in was told of a loss: its slot is free, and its target is told."""
         self._free(tid, message.job_id)
         self._out.put(("told", tid, message))
 
-    # -- writing, and the end ------------------------------------------------
-
-    def _write(self) -> None:
-        """Send what the child has to say, in batches, until told to end (the writer thread)."""
-        while True:
-            word = self._out.get()
-            batch = []
-            end = word is None
-            if word is not None:
-                batch.append(word)
-            while not end:
-                try:
-                    more = self._out.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    end = True
-                else:
-                    batch.append(more)
-            if batch:
-                try:
-                    self._conn.send(batch)
-                except (OSError, ValueError):
-                    return  # the worker is gone
-                except Exception:
-                    logger.debug("the child could not send a batch", exc_info=True)
-            if end:
-                return
+    # -- the end ------------------------------------------------------------
 
     def _end(self, *, release: bool) -> int:
         """Stop the manager; when the worker is gone, release its locks first. Return 0."""
@@ -366,21 +312,7 @@ class _Child:
         with contextlib.suppress(Exception):
             stop(self._manager, timeout=WAIT_S)
         if release and ids:
-            self._release(ids)
-        self._out.put(None)
-        self._writer.join(WAIT_S)
+            release_locks(self._client, self._keys, self._tokens, ids)
+        self._out.close(WAIT_S)
         self._client.close()
         return 0
-
-    def _release(self, ids: list[str]) -> None:
-        """Delete each lock that still holds this worker's token, in one round trip."""
-        source = (resources.files("actors") / "lua" / RELEASE_SCRIPT).read_text(encoding="utf-8")
-        script = self._client.register_script(source)
-        pipe = self._client.pipeline(transaction=False)
-        held = [(job_id, self._tokens[job_id]) for job_id in ids if job_id in self._tokens]
-        for job_id, token in held:
-            script(keys=[self._keys.lock(job_id)], args=[token], client=pipe)
-        try:
-            pipe.execute(raise_on_error=False)
-        except Exception:
-            logger.warning("the child could not release the locks of a gone worker", exc_info=True)

@@ -42,6 +42,10 @@ LAYERS = [
         "ref",
         "stopping",
         "report",
+        "_shared",
+        "_spawn",
+        "_forward",
+        "_link",
         "isolation",
         "settings",
         "doors",
@@ -53,7 +57,7 @@ LAYERS = [
         "lease_hold",
         "leases",
     ],
-    ["_keeper", "_child", "embedded", "cli", "__main__", "bullmq"],
+    ["_keeper", "_child_io", "_child", "embedded", "cli", "__main__", "bullmq"],
 ]
 ORDER = {name: (layer, i) for layer, names in enumerate(LAYERS) for i, name in enumerate(names)}
 
