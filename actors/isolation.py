@@ -19,6 +19,9 @@ runs the child's life and turns its words into callbacks.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import weakref
 from typing import TYPE_CHECKING, Any, Final
 
 from actors._forward import OWN_THREAD_TIMEOUT_S
@@ -109,6 +112,7 @@ def link_for(manager: Any, connection: object, keys: QueueKeys, settings: Any) -
     Its job table becomes the mirror of the child's claims; the child's words
     reach it through its mailbox, and its reporter passes them on.
     """
+    _RUNNING.add(manager)
     mailbox = manager._mailbox
     return ChildLink(
         connection=connection,
@@ -124,3 +128,21 @@ def link_for(manager: Any, connection: object, keys: QueueKeys, settings: Any) -
         tell=manager._tell_now,
         stop=lambda: manager._actor_ref.stop(block=False),
     )
+
+
+#: The process-mode managers of this process, stopped at its normal exit.
+_RUNNING: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    # A worker that exits normally without stopping its managers stops them
+    # here: each child then leaves its locks to the worker's own release, as
+    # after stop(). (Without it the child would see its worker gone, as after
+    # a kill, and delete them.) Managers are daemon threads: nothing else
+    # stops them.
+    for manager in list(_RUNNING):
+        ref = getattr(manager, "_actor_ref", None)
+        if ref is not None and ref.is_alive():
+            with contextlib.suppress(Exception):  # at exit: nobody is left to tell
+                ref.stop(timeout=STOP_TIMEOUT_S + 1)

@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -32,6 +33,7 @@ from actors import (
     untrack_job,
 )
 from actors.isolation import SharedValidity
+from tests.faults.proxy import FaultProxy
 from tests.isolation.conftest import children, gone
 from tests.support import TTL, Inbox, Recorder, take_locks, wait_for
 
@@ -50,7 +52,8 @@ SCRIPT = Path(__file__).with_name("worker_script.py")
 
 def _start(server: Server, **options: Any) -> ManagerRef:
     options.setdefault("lock_duration", TTL)
-    return start_link(connection=server.url, keys=KEYS, isolation="process", **options)
+    options.setdefault("connection", server.url)
+    return start_link(keys=KEYS, isolation="process", **options)
 
 
 def _hold_gil(seconds: float) -> None:
@@ -311,6 +314,73 @@ def test_a_killed_worker_leaves_no_lock_but_those_another_worker_holds(
     else:
         # Nobody deletes them: they go when the TTL (renewed up to a tick before) runs out.
         assert released_ms >= lock_ms / 2
+
+
+def test_a_worker_that_exits_normally_ends_its_child_and_leaves_its_locks(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    # Given a worker whose child renews its locks
+    lock_ms = 20_000
+    tokens = take_locks(redis_client, KEYS, ["e1", "e2"], lock_ms)
+    worker = subprocess.Popen(
+        [sys.executable, str(SCRIPT), server.url, KEYS.name, str(lock_ms), "process"]
+        + [f"{j}={t}" for j, t in tokens.items()],
+        stdout=subprocess.PIPE,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+            "WORKER_THEN": "exit",
+        },
+        text=True,
+    )
+    assert worker.stdout is not None
+    assert worker.stdout.readline().strip() == "ready"
+    [child] = wait_for(lambda: children(worker.pid), SOON_S, "the worker's child")
+    # When the worker's program ends without stopping its manager
+    assert worker.wait(SOON_S + 10) == 0
+    # Then its child is gone, and the locks are left to the worker's own release
+    wait_for(lambda: gone(child), SOON_S, "the child's end")
+    assert redis_client.mget([KEYS.lock(j) for j in tokens]) == [
+        t.encode() for t in tokens.values()
+    ]
+
+
+def test_a_child_cut_off_from_redis_keeps_its_jobs_and_renews_them_after(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    # Given a child renewing 2,000 ms locks through a proxy
+    lock_ms = 2000
+    errors: list[Exception] = []
+    recorder = Recorder()
+    address = urlsplit(server.url)
+    with FaultProxy(address.hostname or "127.0.0.1", address.port or 6379) as proxy:
+        manager = _start(
+            server,
+            connection=proxy.url,
+            lock_duration=lock_ms,
+            on_error=errors.append,
+            on_locks_renewed=recorder.on_locks_renewed,
+            on_lock_renewal_failed=recorder.on_lock_renewal_failed,
+        )
+        tokens = take_locks(redis_client, KEYS, ["c1", "c2"], lock_ms)
+        for job_id, token in tokens.items():
+            track_job(manager, job_id, token)
+        recorder.wait_renewed(tokens, SOON_S + 5)
+        # When it cannot reach Redis for 0.7 TTL, right after a renewal: the
+        # renewal due halfway through fails, retry included
+        with proxy.fault("blackhole"):
+            time.sleep(0.7 * lock_ms / 1000)
+        since = time.monotonic()
+        # Then the failure was reported, no job was let go, nothing was
+        # reported lost, and the next ticks renew all
+        wait_for(lambda: errors, lock_ms / 1000, "a failed tick reported")
+        recorder.wait_renewed(tokens, lock_ms / 1000 + 5, since=since)
+        assert sorted(get_tracked_job_ids(manager)) == sorted(tokens)
+        assert recorder.lost() == []
+        assert redis_client.mget([KEYS.lock(j) for j in tokens]) == [
+            t.encode() for t in tokens.values()
+        ]
+        stop(manager)
 
 
 def test_bad_isolation_and_refused_seams_fail_at_the_caller(server: Server) -> None:

@@ -1,11 +1,13 @@
 """A worker that renews its locks (in either mode), then waits to be killed.
 
 Run by the SIGKILL test: ``python worker_script.py URL QUEUE LOCK_MS ISOLATION JOB=TOKEN...``.
-It prints ``ready`` once the manager tracks every job.
+It prints ``ready`` once the manager tracks every job, then waits to be killed, or exits
+normally (without stopping the manager) when ``WORKER_THEN=exit``.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
@@ -21,4 +23,6 @@ if __name__ == "__main__":
         track_job(manager, job_id, token)
     assert get_active_job_count(manager, timeout=30) == len(pairs)
     print("ready", flush=True)
+    if os.environ.get("WORKER_THEN") == "exit":
+        sys.exit(0)  # a normal exit, without stopping the manager
     threading.Event().wait()
