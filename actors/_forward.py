@@ -49,11 +49,14 @@ OWN_THREAD_TIMEOUT_S: Final = 10.0
 #: Messages forwarded in one write at most.
 _BATCH: Final = 512
 
-_QUERIES: Final[dict[type, str]] = {
-    GetActiveJobCount: "count",
-    GetTrackedJobIds: "ids",
-    IsTracked: "is_tracked",
-    GetStats: "stats",
+#: The queries the child answers; the others the worker's mirror answers
+#: (what the worker tracks), at once, whether or not the child can answer.
+_QUERIES: Final[dict[type, str]] = {GetStats: "stats"}
+
+_MIRRORED: Final[dict[type, Callable[[JobTable, Any], Any]]] = {
+    GetActiveJobCount: lambda mirror, _: len(mirror),
+    GetTrackedJobIds: lambda mirror, _: mirror.ids(),
+    IsTracked: lambda mirror, message: message.job_id in mirror,
 }
 
 
@@ -132,6 +135,8 @@ class Forwarder:
             else:
                 self._ask(("extend",), reply, envelope)
             return None
+        if kind in _MIRRORED:
+            return _MIRRORED[kind](self._mirror, message)
         query = _QUERIES.get(kind)
         if query is not None:
             if reply is not None:
@@ -158,6 +163,8 @@ class Forwarder:
             self._flush()
             return None
         answer: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
+        if type(message) in _MIRRORED:
+            return _MIRRORED[type(message)](self._mirror, message)
         if type(message) is ExtendLocks:
             self._ask(("extend",), answer, None)
         elif type(message) in _QUERIES:
@@ -239,6 +246,8 @@ class Forwarder:
             for claim in watch.claims
             if claim.target is not None
         }
+        # And those of a lost lock whose word from the child is still to come.
+        live.update(id(target) for targets, _ in self._ended.values() for target in targets)
         dropped = [tid for tid, target in self._targets.items() if id(target) not in live]
         for tid in dropped:
             del self._tids[id(self._targets.pop(tid))]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import weakref
 from typing import TYPE_CHECKING, Any, Final
 
@@ -132,6 +133,8 @@ def link_for(manager: Any, connection: object, keys: QueueKeys, settings: Any) -
 
 #: The process-mode managers of this process, stopped at its normal exit.
 _RUNNING: weakref.WeakSet[Any] = weakref.WeakSet()
+# A fork has copies of the managers but none of their threads: nothing to stop there.
+os.register_at_fork(after_in_child=_RUNNING.clear)
 
 
 @atexit.register

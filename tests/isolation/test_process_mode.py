@@ -23,6 +23,7 @@ from actors import (
     LockLost,
     QueueKeys,
     RedisRenewer,
+    get_active_job_count,
     get_stats,
     get_tracked_job_ids,
     is_tracked,
@@ -33,6 +34,7 @@ from actors import (
     untrack_job,
 )
 from actors.isolation import SharedValidity
+from actors.messages import TrackJob
 from tests.faults.proxy import FaultProxy
 from tests.isolation.conftest import children, gone
 from tests.support import TTL, Inbox, Recorder, take_locks, wait_for
@@ -48,6 +50,8 @@ KEYS = QueueKeys("isolated")
 #: Seconds to wait for something a few ticks bring.
 SOON_S = 10 * TTL / 1000
 SCRIPT = Path(__file__).with_name("worker_script.py")
+#: Longest a step that must not wait for the child may take, on a loaded machine.
+STOP_S = 2.0
 
 
 def _start(server: Server, **options: Any) -> ManagerRef:
@@ -399,3 +403,86 @@ def test_bad_isolation_and_refused_seams_fail_at_the_caller(server: Server) -> N
     with pytest.raises(ValueError, match="lock_duration"):
         start_link(connection=server.url, keys=KEYS, lock_duration=50, isolation="process")
     assert children() == []
+
+
+def test_every_target_of_stolen_locks_is_told_though_a_callback_tracks_a_new_one(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    # Given 256 locks, each watched by a target of its own (the table's first pruning size)
+    targets = {f"t{i}": Inbox() for i in range(256)}
+    tracked_again: list[bool] = []
+
+    def on_lost(_: list[object]) -> None:
+        # A callback that calls back in with a new target, once.
+        if not tracked_again:
+            tracked_again.append(True)
+            manager.ask(TrackJob("new", "token", notify=Inbox()))  # handled there and then
+
+    manager = _start(server, on_lock_renewal_failed=on_lost)
+    tokens = take_locks(redis_client, KEYS, list(targets), 10 * TTL)
+    for job_id, token in tokens.items():
+        track_job(manager, job_id, token, notify=targets[job_id])
+    wait_for(lambda: get_stats(manager).renewed >= len(targets), SOON_S, "a renewal of each")
+    # When every lock is stolen
+    redis_client.mset({KEYS.lock(job_id): "another-worker" for job_id in targets})
+    # Then every target is told, once
+    wait_for(lambda: all(t.got for t in targets.values()), SOON_S, "every target told")
+    assert all(len(t.got) == 1 for t in targets.values())
+    stop(manager)
+
+
+def test_a_fork_of_the_worker_ends_at_once_and_leaves_the_child_alone(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    # Given a worker renewing from its child
+    manager = _start(server)
+    tokens = take_locks(redis_client, KEYS, ["forked"], 10 * TTL)
+    track_job(manager, "forked", tokens["forked"])
+    [child] = wait_for(children, SOON_S, "the child")
+    # When it forks, and the fork ends normally (its exit hooks run)
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # the fork: run the exit hooks as a normal exit would, then leave
+        import atexit  # noqa: PLC0415  (only the fork needs it)
+
+        atexit._run_exitfuncs()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    took = time.monotonic() - started
+    # Then the fork ended at once, and the worker's manager and child go on
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert took < STOP_S
+    assert children() == [child]
+    assert is_tracked(manager, "forked")
+    stop(manager)
+
+
+def test_queries_are_answered_from_the_worker_while_the_child_cannot_answer(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    # Given a manager whose child is stopped (SIGSTOP)
+    answers: list[object] = []
+
+    class Asking(Inbox):
+        def tell(self, message: Any) -> None:
+            answers.append(is_tracked(manager, "watched"))
+            super().tell(message)
+
+    manager = _start(server)
+    tokens = take_locks(redis_client, KEYS, ["watched", "plain"], 10 * TTL)
+    track_job(manager, "watched", tokens["watched"], notify=Asking())
+    track_job(manager, "plain", tokens["plain"])
+    [child] = wait_for(children, SOON_S, "the child")
+    os.kill(child, signal.SIGSTOP)
+    try:
+        # Then what the worker tracks is answered at once, from the worker itself
+        started = time.monotonic()
+        assert is_tracked(manager, "plain", timeout=STOP_S)
+        assert get_active_job_count(manager, timeout=STOP_S) == 2
+        assert sorted(get_tracked_job_ids(manager, timeout=STOP_S)) == ["plain", "watched"]
+        assert time.monotonic() - started < STOP_S
+    finally:
+        os.kill(child, signal.SIGCONT)
+    # And a target told of the stop sees the job let go, as in thread mode
+    stop(manager)
+    assert answers == [False]
