@@ -43,10 +43,7 @@ from actors.keys import QueueKeys
 from actors.lost import LockLost
 from actors.messages import (
     ExtendLocks,
-    GetActiveJobCount,
     GetStats,
-    GetTrackedJobIds,
-    IsTracked,
     TrackJob,
     UntrackJob,
 )
@@ -64,12 +61,8 @@ logger = logging.getLogger(__name__)
 #: Most seconds the child waits on its own manager (an answer, its stop).
 WAIT_S: Final = 30.0
 
-_QUERIES: Final[dict[str, Callable[[Any], Any]]] = {
-    "count": lambda _: GetActiveJobCount(),
-    "ids": lambda _: GetTrackedJobIds(),
-    "is_tracked": IsTracked,
-    "stats": lambda _: GetStats(),
-}
+#: The queries the worker asks its child (the others its own job table answers).
+_QUERIES: Final[dict[str, Callable[[Any], Any]]] = {"stats": lambda _: GetStats()}
 
 
 def main(argv: list[str]) -> int:

@@ -49,15 +49,12 @@ OWN_THREAD_TIMEOUT_S: Final = 10.0
 #: Messages forwarded in one write at most.
 _BATCH: Final = 512
 
-#: The queries the child answers; the others the worker's mirror answers
-#: (what the worker tracks), at once, whether or not the child can answer.
+#: The query the child answers: its counters.
 _QUERIES: Final[dict[type, str]] = {GetStats: "stats"}
 
-_MIRRORED: Final[dict[type, Callable[[JobTable, Any], Any]]] = {
-    GetActiveJobCount: lambda mirror, _: len(mirror),
-    GetTrackedJobIds: lambda mirror, _: mirror.ids(),
-    IsTracked: lambda mirror, message: message.job_id in mirror,
-}
+#: The queries of what the worker tracks: its manager answers them from its own
+#: job table (the mirror), at once, whether or not the child can answer.
+MIRRORED: Final = frozenset({GetActiveJobCount, GetTrackedJobIds, IsTracked})
 
 
 class Forwarder:
@@ -77,6 +74,7 @@ class Forwarder:
         reporter: Reporter,
         idle: Callable[[], bool],
         tell: Callable[[list[tuple[Notify, LockLost]]], None],
+        local: Callable[[Any], Any],
         shared: Slots,
     ) -> None:
         self._keys = keys
@@ -88,6 +86,8 @@ class Forwarder:
         self._reporter = reporter
         self._idle = idle
         self._tell = tell
+        #: The manager's own handling, for the queries its job table answers.
+        self._local = local
         self._shared = shared
         #: Targets by the id the child knows them by, and back (by identity).
         self._targets: dict[int, Notify] = {}
@@ -118,6 +118,8 @@ class Forwarder:
 
     def _receive(self, message: Any, envelope: Any) -> Any:
         kind = type(message)
+        if kind in MIRRORED:
+            return self._local(message)
         reply = getattr(envelope, "reply_to", None) if envelope is not None else None
         if kind is TrackJob:
             return self._track(message, reply is not None)
@@ -135,8 +137,6 @@ class Forwarder:
             else:
                 self._ask(("extend",), reply, envelope)
             return None
-        if kind in _MIRRORED:
-            return _MIRRORED[kind](self._mirror, message)
         query = _QUERIES.get(kind)
         if query is not None:
             if reply is not None:
@@ -154,6 +154,8 @@ class Forwarder:
         Raises:
             pykka.Timeout: The child did not answer a query in time.
         """
+        if type(message) in MIRRORED:
+            return self._local(message)
         if type(message) is TrackJob:
             return self._track(message, True)
         if type(message) is UntrackJob:
@@ -163,8 +165,6 @@ class Forwarder:
             self._flush()
             return None
         answer: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
-        if type(message) in _MIRRORED:
-            return _MIRRORED[type(message)](self._mirror, message)
         if type(message) is ExtendLocks:
             self._ask(("extend",), answer, None)
         elif type(message) in _QUERIES:

@@ -100,6 +100,7 @@ class ChildLink(Forwarder):
         mailbox: Callable[[Any], None],
         idle: Callable[[], bool],
         tell: Callable[[list[tuple[Notify, LockLost]]], None],
+        local: Callable[[Any], Any],
         stop: Callable[[], object],
     ) -> None:
         config: dict[str, Any] = {
@@ -125,6 +126,7 @@ class ChildLink(Forwarder):
             reporter=reporter,
             idle=idle,
             tell=tell,
+            local=local,
             shared=Slots(keys.name),
         )
         self._config = config

@@ -127,6 +127,7 @@ def link_for(manager: Any, connection: object, keys: QueueKeys, settings: Any) -
         mailbox=mailbox.put,
         idle=mailbox.empty,
         tell=manager._tell_now,
+        local=manager._dispatch,
         stop=lambda: manager._actor_ref.stop(block=False),
     )
 

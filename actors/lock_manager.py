@@ -222,6 +222,9 @@ class LockManager(Handlers, ProxyDoors, pykka.ThreadingActor):
         """Handle ``message`` on the calling thread, which must be the manager's."""
         if self._link is not None:
             return self._link.handle(message)
+        return self._dispatch(message)
+
+    def _dispatch(self, message: Any) -> Any:
         # One dict lookup: tracks arrive by the hundred thousand.
         handler = _HANDLERS.get(type(message))
         if handler is None:
