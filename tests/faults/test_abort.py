@@ -14,6 +14,7 @@ faults`` runs several; CI one).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
 import signal
@@ -161,6 +162,22 @@ def wait_renewed(manager: ManagerRef) -> None:
         time.sleep(0.01)
 
 
+@contextlib.contextmanager
+def leased_job(direct: redis.Redis, connection: str) -> Iterator[tuple[actors.Lease, Waiter]]:
+    """Take the job's lock and lease it through a manager on ``connection``.
+
+    Yields the lease, once the manager renewed it, and a thread waiting on it.
+    """
+    token = take(direct)
+    manager = actors.start_link(connection=connection, keys=KEYS, lock_duration=LOCK_MS)
+    try:
+        with lease(manager, "job", token) as held:
+            wait_renewed(manager)
+            yield held, Waiter(held)
+    finally:
+        actors.stop(manager)
+
+
 @pytest.mark.parametrize("run", RUNS)
 def test_partition_the_job_is_told_before_the_server_expires_the_lock(
     run: int, proxy: FaultProxy, direct: redis.Redis, thief: Thief, record: FaultRecord
@@ -168,12 +185,8 @@ def test_partition_the_job_is_told_before_the_server_expires_the_lock(
     # Given a leased job whose manager reaches the server through a proxy
     record.fault = "worker-only partition (black hole)"
     record.asserted = "told before the server expires the lock; overlap 0"
-    token = take(direct)
-    manager = actors.start_link(connection=proxy.url, keys=KEYS, lock_duration=LOCK_MS)
-    try:
-        with lease(manager, "job", token) as held:
-            wait_renewed(manager)
-            watch = Waiter(held)
+    with leased_job(direct, proxy.url) as (held, watch):
+        try:
             # When only the manager's connection is black-holed
             proxy.mode = "blackhole"
             fault = now_ms()
@@ -182,9 +195,8 @@ def test_partition_the_job_is_told_before_the_server_expires_the_lock(
             told = watch.result()
             proxy.passthrough()
             assert held.reason == "unconfirmed"
-    finally:
-        proxy.passthrough()
-        actors.stop(manager)
+        finally:
+            proxy.passthrough()
     # Then the job heard before the lock could go, and before anyone took it
     note(record, fault, told, expired, taken)
     assert told < expired
@@ -201,28 +213,21 @@ def test_redis_paused_the_job_is_told_before_the_server_expires_the_lock(
 ) -> None:
     record.fault = "Redis paused (SIGSTOP) past the TTL"
     record.asserted = "told before the server expires the lock; overlap 0"
-    token = take(direct)
-    manager = actors.start_link(connection=private_server.url, keys=KEYS, lock_duration=LOCK_MS)
-    try:
-        with lease(manager, "job", token) as held:
-            wait_renewed(manager)
-            watch = Waiter(held)
-            expired = expiry(direct)
-            fault = now_ms()
-            private_server.pause()
-            try:
-                told = watch.result()
-                # Paused past the lock's expiry, then resumed.
-                time.sleep(max(0, expired + 200 - now_ms()) / 1000)
-            finally:
-                private_server.resume()
-            # Renewals sent during the pause run when the server resumes
-            # (their bytes were in its socket buffers): the lock may live
-            # one more TTL, never less.
-            taken = thief.took(timeout=LOCK_MS / 1000 + 5)
-            assert held.reason == "unconfirmed"
-    finally:
-        actors.stop(manager)
+    with leased_job(direct, private_server.url) as (held, watch):
+        expired = expiry(direct)
+        fault = now_ms()
+        private_server.pause()
+        try:
+            told = watch.result()
+            # Paused past the lock's expiry, then resumed.
+            time.sleep(max(0, expired + 200 - now_ms()) / 1000)
+        finally:
+            private_server.resume()
+        # Renewals sent during the pause run when the server resumes
+        # (their bytes were in its socket buffers): the lock may live
+        # one more TTL, never less.
+        taken = thief.took(timeout=LOCK_MS / 1000 + 5)
+        assert held.reason == "unconfirmed"
     note(record, fault, told, expired, taken)
     assert told < expired
     assert told < taken
@@ -238,20 +243,13 @@ def test_redis_restarted_empty_the_job_is_told_within_a_tick(
 ) -> None:
     record.fault = "Redis restarted empty"
     record.asserted = "told within one interval + the command timeout"
-    token = take(direct)
-    manager = actors.start_link(connection=private_server.url, keys=KEYS, lock_duration=LOCK_MS)
-    try:
-        with lease(manager, "job", token) as held:
-            wait_renewed(manager)
-            watch = Waiter(held)
-            fault = now_ms()
-            private_server.restart()
-            expired = now_ms()  # the lock went with the data
-            taken = thief.took(timeout=10)
-            told = watch.result()
-            assert held.reason in {"expired", "stolen"}
-    finally:
-        actors.stop(manager)
+    with leased_job(direct, private_server.url) as (held, watch):
+        fault = now_ms()
+        private_server.restart()
+        expired = now_ms()  # the lock went with the data
+        taken = thief.took(timeout=10)
+        told = watch.result()
+        assert held.reason in {"expired", "stolen"}
     note(record, fault, told, expired, taken)
     # One interval, the client's timeout and retry, and a restart's reconnect.
     assert told - expired <= TIMING.interval + 2 * TIMING.interval // 4 + 1000
