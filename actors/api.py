@@ -220,8 +220,9 @@ def untrack_job(
     that thread runs a callback (or a target's ``tell``), which may itself be
     waiting for the caller: a callback's blocking stop of an actor whose
     ``on_stop`` untracks so (``pykka.ActorRegistry.stop_all()``, say). The
-    untrack is then put ahead of every later tick and the call returns at
-    once: the same promise, without the wait.
+    untrack then keeps its place among the caller's messages, every tick
+    waits behind it, and the call returns at once: the same promise, without
+    the wait.
 
     Args:
         manager: The manager.

@@ -196,7 +196,9 @@ class Lease(LeaseWaits):
                 # Waits for the manager: no tick runs on this lock for the lease after it returns.
                 with contextlib.suppress(ManagerStopped):
                     self._manager.ask(self._untrack())
-            self._settle(None)
+            # The track's answer, unless the manager is busy in user code that
+            # may be waiting for this very thread (a callback stopping the job).
+            self._settle(0 if self._manager.busy_calling_back() else None)
         finally:
             self._close()
 

@@ -292,10 +292,15 @@ class LockManager(Handlers, ProxyDoors, pykka.ThreadingActor):
                 counters.tick(len(due), calls, (time.perf_counter() - started) * 1000)
                 # Callbacks run after the span and the bookkeeping: their time
                 # is theirs, and whatever they do finds the manager consistent.
-                self._reporter.renewal(tally, now, margin)
+                # The failed call took time: a deadline may have passed meanwhile.
+                # Looked at before the callbacks run: what a callback's time
+                # allows others to do (an untrack from another thread) the
+                # tick must not report.
+                late: list[LostLock] = []
                 if tally.failure is not None and self._jobs.valid:
-                    # The failed call took time: a deadline may have passed meanwhile.
-                    self._reporter.lost(self._unconfirmed(self._alarm.now(now)).lost)
+                    late = self._unconfirmed(self._alarm.now(now)).lost
+                self._reporter.renewal(tally, now, margin)
+                self._reporter.lost(late)
         finally:
             # Whatever happened above, the timer ticks again.
             if on_grid:
@@ -332,9 +337,9 @@ class LockManager(Handlers, ProxyDoors, pykka.ThreadingActor):
         """Whether the manager's thread runs user code now (a callback, a target's ``tell``)."""
         return self._reporter.calling
 
-    def put_first(self, envelope: Any) -> None:
-        """Put ``envelope`` in the mailbox ahead of every later tick (see ManagerRef.ask)."""
-        self._mailbox.put_first(envelope)
+    def put_before_ticks(self, envelope: Any) -> None:
+        """Put ``envelope`` in the mailbox, every tick after it (see ManagerRef.ask)."""
+        self._mailbox.put_before_ticks(envelope)
 
 
 #: Each message's handler, found through the one table of operations.

@@ -29,8 +29,11 @@ class TicksFirst(queue.Queue[Any]):
         super().__init__()
         #: The tick the timer's thread is putting in, if any.
         self.tick: object = None
-        #: How many messages at the front were put there by :meth:`put_first`.
+        #: How many messages at the front go before any tick put from now on:
+        #: up to the last one put by :meth:`put_before_ticks`.
         self.first = 0
+        #: The timer's tick waiting in the queue, if any.
+        self.queued_tick: Any = None
         #: The envelope taken last: a process-mode manager answers some asks later.
         self.current: Any = None
         #: Set, under the queue's lock, as the manager begins to stop: a
@@ -44,6 +47,7 @@ class TicksFirst(queue.Queue[Any]):
             raise pykka.ActorDeadError("the manager is stopping")
         if item.message is self.tick:
             self.tick = None
+            self.queued_tick = item
             self.queue.insert(self.first, item)
         else:
             self.queue.append(item)
@@ -52,10 +56,15 @@ class TicksFirst(queue.Queue[Any]):
         if self.first:
             self.first -= 1
         self.current = item = self.queue.popleft()
+        if item is self.queued_tick:
+            self.queued_tick = None
         return item
 
-    def put_first(self, item: Any) -> None:
-        """Put ``item`` before every message but those put so before it, ticks included.
+    def put_before_ticks(self, item: Any) -> None:
+        """Put ``item`` last, and every tick, waiting or to come, after it.
+
+        First in, first out with every other message (a track sent before it
+        is handled before it); only the timer's tick gives way.
 
         Raises:
             pykka.ActorDeadError: The manager is stopping.
@@ -63,8 +72,13 @@ class TicksFirst(queue.Queue[Any]):
         with self.not_empty:
             if self.closed:
                 raise pykka.ActorDeadError("the manager is stopping")
-            self.queue.insert(self.first, item)
-            self.first += 1
+            tick = self.queued_tick
+            if tick is not None:
+                self.queue.remove(tick)
+            self.queue.append(item)
+            self.first = len(self.queue)
+            if tick is not None:
+                self.queue.append(tick)
             self.unfinished_tasks += 1
             self.not_empty.notify()
 

@@ -79,8 +79,8 @@ class _Core(Protocol):
         """Whether the manager's thread runs user code now (a callback)."""
         ...
 
-    def put_first(self, envelope: Any) -> None:
-        """Put ``envelope`` in the mailbox ahead of every later tick."""
+    def put_before_ticks(self, envelope: Any) -> None:
+        """Put ``envelope`` in the mailbox, every tick (queued or to come) after it."""
         ...
 
     def trusted_for(self, safety_margin: int | None = None) -> int:
@@ -123,6 +123,14 @@ class ManagerRef(pykka.ActorRef[Any]):
     def on_own_thread(self) -> bool:
         """Whether the caller runs on the manager's own thread (in a callback)."""
         return threading.current_thread() is self._core.thread
+
+    def busy_calling_back(self) -> bool:
+        """Whether the manager's thread runs user code now, and the caller is another thread.
+
+        Such a caller must not wait for the manager: the user code may be
+        waiting for it.
+        """
+        return self._core.calling_back and not self.on_own_thread()
 
     def stopped_error(self) -> ManagerStopped:
         """The error a stopped manager answers with."""
@@ -190,14 +198,14 @@ class ManagerRef(pykka.ActorRef[Any]):
                     f"a LockManager cannot wait for its own answer to {message!r} from its "
                     "own thread (a callback)"
                 )
-        if isinstance(message, UntrackJob) and self._core.calling_back:
+        if isinstance(message, UntrackJob) and self.busy_calling_back():
             # The manager's thread is in user code, which may be waiting for
             # this very caller (a callback's blocking stop of an actor whose
-            # on_stop untracks): waiting here would wait forever. Put first
-            # instead, ahead of every later tick, and answer now: no tick can
-            # find the lock gone before the untrack, all that waiting promises.
+            # on_stop untracks): waiting here would wait forever. Put it in
+            # order with every other message, but ahead of every tick, and
+            # answer now: no later tick finds the lock gone before the untrack.
             with contextlib.suppress(pykka.ActorDeadError):  # stopping: it tracks nothing now
-                self._core.put_first(Envelope(message, reply_to=None))
+                self._core.put_before_ticks(Envelope(message, reply_to=None))
             return _answer(None, block)
         future: Answer[Any] = Answer()
         try:

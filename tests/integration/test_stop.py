@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pykka
 import pytest
@@ -22,7 +22,7 @@ from actors import (
     untrack_job,
 )
 from tests.support import ManualClock, take_locks, wait_for
-from tests.support.fakes import LockTable
+from tests.support.fakes import Inbox, LockTable
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -232,5 +232,131 @@ def test_a_callback_stopping_a_job_actor_that_untracks_with_wait_does_not_deadlo
             assert is_tracked(manager, "j", timeout=PROMPT_S) is False
             assert get_stats(manager, timeout=PROMPT_S).lost == 0
         assert lost == []
+    finally:
+        stop(manager, timeout=PROMPT_S)
+
+
+def _manager_in_hand(**callbacks: Any) -> tuple[ManagerRef, LockTable, ManualClock, list[object]]:
+    """A manager renewing a lock table, on a clock and a timer the test moves by hand."""
+    table, clock, lost = LockTable(), ManualClock(), list[object]()
+    timers.clear()
+    callbacks.setdefault("on_lock_renewal_failed", lost.extend)
+    manager = start_link(
+        renewer=table,
+        keys=QueueKeys("in-hand"),
+        lock_duration=TTL,
+        timer=_FiredByHand,
+        clock=clock,
+        **callbacks,
+    )
+    return manager, table, clock, lost
+
+
+def test_an_untrack_with_wait_during_a_callback_never_overtakes_the_same_thread_s_track() -> None:
+    # Given a manager whose callback is running (held open by the test)
+    inside, leave = threading.Event(), threading.Event()
+
+    def on_renewed(_: list[str]) -> None:
+        inside.set()
+        leave.wait(STOP_TIMEOUT_S)
+
+    manager, table, clock, lost = _manager_in_hand(on_locks_renewed=on_renewed)
+    try:
+        table.held["a"] = "ta"
+        track_job(manager, "a", "ta")
+        clock.advance(TTL // 2)
+        manager.tell(ExtendLocks())
+        assert inside.wait(PROMPT_S)
+
+        # When another thread tracks a job, untracks it with wait=True and releases its lock
+        def job() -> None:
+            table.held["k"] = "tk"
+            track_job(manager, "k", "tk")
+            untrack_job(manager, "k", wait=True, timeout=STOP_TIMEOUT_S)
+            del table.held["k"]
+
+        worker = threading.Thread(target=job)
+        worker.start()
+        worker.join(PROMPT_S)
+        assert not worker.is_alive()
+        leave.set()
+        # Then the untrack came after its track: the job is not tracked, and no tick reports it
+        assert is_tracked(manager, "k", timeout=PROMPT_S) is False
+        for _ in range(3):
+            timers[0].fire(clock.advance(TTL // 2))
+        assert get_stats(manager, timeout=PROMPT_S).lost == 0
+        assert lost == []
+    finally:
+        leave.set()
+        stop(manager, timeout=PROMPT_S)
+
+
+def test_a_callback_stopping_a_job_whose_lease_is_not_yet_tracked_does_not_deadlock() -> None:
+    # Given a callback that starts a job actor entering a lease (its track still
+    # queued behind the callback), then stops that actor, waiting for it
+    outcome: dict[str, object] = {}
+
+    class LeasingJob(pykka.ThreadingActor):
+        def on_start(self) -> None:
+            self.held = lease(manager, "j", "tj").__enter__()
+
+        def on_stop(self) -> None:
+            self.held.__exit__(None, None, None)
+            del table.held["j"]
+
+    def on_renewed(_: list[str]) -> None:
+        if outcome:
+            return
+        outcome["started"] = True
+        try:
+            LeasingJob.start().stop(timeout=STOP_TIMEOUT_S)
+            outcome["stopped"] = True
+        except Exception as error:
+            outcome["stopped"] = error
+
+    manager, table, clock, lost = _manager_in_hand(on_locks_renewed=on_renewed)
+    try:
+        table.held.update(a="ta", j="tj")
+        track_job(manager, "a", "ta")
+        clock.advance(TTL // 2)
+        # When a tick calls back
+        manager.tell(ExtendLocks())
+        # Then the stop returned, and the lease's claim ended after its track
+        wait_for(lambda: "stopped" in outcome, 2 * PROMPT_S, "the callback's stop")
+        assert outcome["stopped"] is True, outcome
+        assert is_tracked(manager, "j", timeout=PROMPT_S) is False
+        timers[0].fire(clock.advance(TTL // 2))
+        assert lost == []
+    finally:
+        stop(manager, timeout=PROMPT_S)
+
+
+def test_a_tick_reports_nothing_found_after_its_callback_let_an_untrack_return() -> None:
+    # Given a watched job, and an on_error callback during which another thread
+    # untracks the job with wait=True and releases its lock, the callback taking long
+    told = Inbox()
+
+    def on_error(_: Exception) -> None:
+        def job() -> None:
+            untrack_job(manager, "k", wait=True, timeout=STOP_TIMEOUT_S)
+            del table.held["k"]
+
+        worker = threading.Thread(target=job)
+        worker.start()
+        worker.join(PROMPT_S)
+        clock.advance(TTL)
+
+    manager, table, clock, lost = _manager_in_hand(on_error=on_error)
+    try:
+        table.held["k"] = "tk"
+        track_job(manager, "k", "tk", notify=told)
+        clock.advance(TTL // 2)
+        table.raise_next = True
+        # When the tick's renewal call fails (and so calls back)
+        manager.ask(ExtendLocks(), timeout=PROMPT_S)
+        # Then that tick reported nothing after the untrack returned
+        assert is_tracked(manager, "k", timeout=PROMPT_S) is False
+        assert lost == []
+        assert told.got == []
     finally:
         stop(manager, timeout=PROMPT_S)
