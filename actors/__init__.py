@@ -10,30 +10,10 @@ Example:
     >>> untrack_job(manager, "42", wait=True)
     >>> stop(manager)
 
-The layers, each importing only from those above it in this list: pure logic
-(:mod:`~actors.validation`, :mod:`~actors.keys`, :mod:`~actors.schedule`,
-:mod:`~actors.messages`, :mod:`~actors.rechecks`, :mod:`~actors.lost`,
-:mod:`~actors.stats`, :mod:`~actors.claims`, :mod:`~actors.validity`,
-:mod:`~actors.recently_lost`, :mod:`~actors.jobs`, :mod:`~actors.tally`,
-:mod:`~actors.deadlines`, :mod:`~actors.tracking`, :mod:`~actors.operations`);
-Redis I/O (:mod:`~actors.describe`, :mod:`~actors.connection`,
-:mod:`~actors.outcome`, :mod:`~actors.evalsha`, :mod:`~actors.readback`,
-:mod:`~actors.scripts`, :mod:`~actors.renewer`, :mod:`~actors.apply`); the
-actor (:mod:`~actors.timer`, :mod:`~actors.alarm`, :mod:`~actors.mailbox`,
-:mod:`~actors.answer`, :mod:`~actors.admission`, :mod:`~actors.ref`,
-:mod:`~actors.stopping`, :mod:`~actors.report`, :mod:`~actors._shared`,
-:mod:`~actors._spawn`, :mod:`~actors._forward`, :mod:`~actors._link`,
-:mod:`~actors.isolation`, :mod:`~actors.settings`, :mod:`~actors.doors`,
-:mod:`~actors.handlers`, :mod:`~actors.lock_manager`, :mod:`~actors.api`,
-:mod:`~actors.aio`, :mod:`~actors.lease_wait`, :mod:`~actors.lease_hold`,
-:mod:`~actors.leases`); tools (:mod:`~actors._child_io`, :mod:`~actors._child`,
-:mod:`~actors.embedded`, :mod:`~actors.cli`, :mod:`~actors.bullmq`).
-``tests/unit/test_layers.py`` keeps it so.
-
-One word per act and layer: the shared script and what mirrors it keep
-BullMQ's word, "extend" (``extendLocks-1.lua``, ``ExtendLocks``,
-``extend_locks``), so a reader can match them with every other runtime;
-everything of this package's own says "renew".
+The shared script and what mirrors it keep BullMQ's word, "extend"
+(``extendLocks-1.lua``, ``ExtendLocks``, ``extend_locks``), so a reader can
+match them with every other runtime; everything of this package's own says
+"renew".
 """
 
 from __future__ import annotations
@@ -53,28 +33,31 @@ from actors.api import (
 from actors.keys import DEFAULT_PREFIX, QueueKeys
 from actors.leases import Lease, lease
 from actors.lock_manager import LockManager
-from actors.lost import LockLost, LostLock
 from actors.messages import (
     ExtendLocks,
     GetActiveJobCount,
     GetStats,
     GetTrackedJobIds,
     IsTracked,
+    LockLost,
+    LostLock,
     TrackJob,
     UntrackJob,
 )
+from actors.process import ProcessLockManager
 from actors.ref import ManagerRef, ManagerStopped
-from actors.renewer import RedisRenewer, Renewer
-from actors.schedule import DEFAULT_LOCK_DURATION, Timing
-from actors.scripts import DEFAULT_MAX_BATCH, extend_locks
-from actors.stats import Stats
+from actors.renewer import BatchOutcome, Renewer
+from actors.report import Stats
+from actors.scripts import DEFAULT_MAX_BATCH, RedisRenewer, extend_locks
 from actors.timer import ManualTimer, ThreadTimer, Timer
+from actors.timing import DEFAULT_LOCK_DURATION, Timing
 
 __all__ = [  # noqa: RUF022 (grouped by purpose, as pykka does)
     # The manager and its helpers
     "LockManager",
     "ManagerRef",
     "ManagerStopped",
+    "ProcessLockManager",
     "get_active_job_count",
     "get_stats",
     "get_tracked_job_ids",
@@ -103,6 +86,7 @@ __all__ = [  # noqa: RUF022 (grouped by purpose, as pykka does)
     "Stats",
     "Timing",
     # Seams: what renews, and what ticks
+    "BatchOutcome",
     "DEFAULT_MAX_BATCH",
     "ManualTimer",
     "RedisRenewer",
@@ -113,6 +97,6 @@ __all__ = [  # noqa: RUF022 (grouped by purpose, as pykka does)
     "__version__",
 ]
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -26,36 +26,31 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pykka
 
-from actors import api
-from actors._loop import call_in_loop, set_exception, set_result
-from actors.answer import Answer
-from actors.operations import (
-    GET_ACTIVE_JOB_COUNT,
-    GET_STATS,
-    GET_TRACKED_JOB_IDS,
-    IS_TRACKED,
-    UNTRACK_JOB,
-)
-from actors.ref import ManagerRef, ManagerStopped, on_a_manager_thread, require_manager
+from actors.messages import GetActiveJobCount, GetStats, GetTrackedJobIds, IsTracked, UntrackJob
+from actors.ref import Answer, ManagerRef, ManagerStopped, require_manager
+from actors.report import on_a_delivery_thread
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from actors.messages import Notify
-    from actors.operations import Operation
-    from actors.stats import Stats
+    from actors.report import Stats
 
 __all__ = [
     "answer",
     "ask",
+    "call_in_loop",
     "get_active_job_count",
     "get_stats",
     "get_tracked_job_ids",
     "is_tracked",
+    "set_exception",
+    "set_result",
     "stop",
     "untrack_job",
 ]
 
 T = TypeVar("T")
-R = TypeVar("R")
 
 
 #: Longest pause, in seconds, between two looks at a future that cannot call back.
@@ -161,14 +156,7 @@ async def ask(manager: ManagerRef, message: Any, *, timeout: float | None = None
         raise
     except pykka.ActorDeadError:
         # The manager stopped with the message still in its mailbox.
-        raise ref.stopped_error() from None
-
-
-async def _query(
-    manager: ManagerRef, operation: Operation[Any, R], *args: Any, timeout: float | None
-) -> R:
-    answered: R = await ask(manager, operation.build(*args), timeout=timeout)
-    return answered
+        raise ref._stopped() from None
 
 
 async def untrack_job(
@@ -199,11 +187,11 @@ async def untrack_job(
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
     ref = require_manager(manager)
-    message = UNTRACK_JOB.build(job_id, token, notify)
+    message = UntrackJob(job_id, token, notify)
     try:
         await ask(ref, message, timeout=timeout)
     except ManagerStopped:
-        ref.ignored(UNTRACK_JOB.name)
+        ref._ignored(message.operation)
 
 
 async def get_active_job_count(manager: ManagerRef, *, timeout: float | None = None) -> int:
@@ -213,7 +201,8 @@ async def get_active_job_count(manager: ManagerRef, *, timeout: float | None = N
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    return await _query(manager, GET_ACTIVE_JOB_COUNT, timeout=timeout)
+    count: int = await ask(manager, GetActiveJobCount(), timeout=timeout)
+    return count
 
 
 async def get_tracked_job_ids(manager: ManagerRef, *, timeout: float | None = None) -> list[str]:
@@ -223,7 +212,8 @@ async def get_tracked_job_ids(manager: ManagerRef, *, timeout: float | None = No
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    return await _query(manager, GET_TRACKED_JOB_IDS, timeout=timeout)
+    ids: list[str] = await ask(manager, GetTrackedJobIds(), timeout=timeout)
+    return ids
 
 
 async def is_tracked(manager: ManagerRef, job_id: str, *, timeout: float | None = None) -> bool:
@@ -235,7 +225,8 @@ async def is_tracked(manager: ManagerRef, job_id: str, *, timeout: float | None 
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    return await _query(manager, IS_TRACKED, job_id, timeout=timeout)
+    tracked: bool = await ask(manager, IsTracked(job_id), timeout=timeout)
+    return tracked
 
 
 async def get_stats(manager: ManagerRef, *, timeout: float | None = None) -> Stats:
@@ -245,7 +236,8 @@ async def get_stats(manager: ManagerRef, *, timeout: float | None = None) -> Sta
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    return await _query(manager, GET_STATS, timeout=timeout)
+    stats: Stats = await ask(manager, GetStats(), timeout=timeout)
+    return stats
 
 
 async def stop(manager: ManagerRef, *, timeout: float | None = None) -> bool:
@@ -258,9 +250,42 @@ async def stop(manager: ManagerRef, *, timeout: float | None = None) -> bool:
         pykka.Timeout: Not stopped within ``timeout`` seconds.
     """
     ref = require_manager(manager)
-    if on_a_manager_thread():
-        # From a callback (of this manager or another): the stop is sent and
-        # not waited for, as by actors.stop, since no other thread may wait
-        # for a manager that may itself be waiting for this one.
-        return api.stop(ref)
-    return await asyncio.to_thread(api.stop, ref, timeout=timeout)
+    if on_a_delivery_thread():
+        # In a callback's own loop: the stop waits for the manager's thread
+        # only, which runs no user code.
+        stopped: bool = ref.stop(timeout=timeout)
+        return stopped
+    return bool(await asyncio.to_thread(ref.stop, timeout=timeout))
+
+
+# -- handing work to a loop ---------------------------------------------------------
+
+
+def call_in_loop(
+    loop: asyncio.AbstractEventLoop, callback: Callable[..., object], *args: object
+) -> bool:
+    """Schedule ``callback(*args)`` on ``loop`` from any thread, unless the loop is closed.
+
+    Calls handed over from one thread run in the order they were handed over.
+
+    Returns:
+        Whether the call was handed over: ``False`` when the loop has closed
+        and nobody is left to run it.
+    """
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        return False
+    return True
+
+
+def set_result(waiter: asyncio.Future[T], value: T) -> None:
+    """Set ``waiter``'s result unless it is done already (its task gave up, or was cancelled)."""
+    if not waiter.done():
+        waiter.set_result(value)
+
+
+def set_exception(waiter: asyncio.Future[T], exc: BaseException) -> None:
+    """Set ``waiter``'s exception unless it is done already."""
+    if not waiter.done():
+        waiter.set_exception(exc)

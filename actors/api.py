@@ -7,30 +7,28 @@ From a manager's own thread (one of its callbacks) a query answers at once.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from actors.lock_manager import LockManager
-from actors.operations import (
-    GET_ACTIVE_JOB_COUNT,
-    GET_STATS,
-    GET_TRACKED_JOB_IDS,
-    IS_TRACKED,
-    TRACK_JOB,
-    UNTRACK_JOB,
+from actors.messages import (
+    GetActiveJobCount,
+    GetStats,
+    GetTrackedJobIds,
+    IsTracked,
+    TrackJob,
+    UntrackJob,
 )
 from actors.ref import ManagerRef, ManagerStopped, require_manager
-from actors.schedule import DEFAULT_LOCK_DURATION
 from actors.scripts import DEFAULT_MAX_BATCH
+from actors.timing import DEFAULT_LOCK_DURATION
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from actors.connection import Client
-    from actors.lost import LostLock
-    from actors.messages import Notify
-    from actors.operations import Operation
+    from actors.messages import LostLock, Notify
     from actors.renewer import Renewer
-    from actors.stats import Stats
+    from actors.report import Stats
     from actors.timer import TimerFactory
 
 __all__ = [
@@ -43,8 +41,6 @@ __all__ = [
     "track_job",
     "untrack_job",
 ]
-
-R = TypeVar("R")
 
 
 def start_link(
@@ -73,8 +69,9 @@ def start_link(
 
     Args:
         connection: A ``redis.Redis`` or ``redis.RedisCluster`` client, or a
-            Redis URL (the manager then builds a client whose failed command
-            ends within a quarter of the interval, and closes it when it stops).
+            Redis URL (the manager then builds a client whose attempts end
+            within :func:`actors.connection.command_timeout`, and closes it
+            when it stops).
         keys: The queue's keys.
         lock_duration: The lock TTL set at each renewal, in milliseconds.
         lock_renew_time: Longest time between two renewals of a lock, in
@@ -107,8 +104,11 @@ def start_link(
             then be a URL or a ``redis.Redis`` (no cluster yet), and
             ``renewer``, ``clock`` and ``timer`` are refused.
 
-    Callbacks run on the manager's thread, between ticks: keep them short,
-    and tell other actors rather than wait for them. Whatever they raise
+    Callbacks and the targets' ``tell`` run on the manager's delivery thread,
+    one at a time, in the order the manager decided, after the step that
+    decided them is done: never on the manager's own thread, so a callback
+    may query the manager, untrack and wait, or stop it. A slow callback
+    delays the ones after it, never a renewal. Whatever they raise
     (``SystemExit`` included) is logged and changes nothing.
 
     Raises:
@@ -138,17 +138,15 @@ def start_link(
     return ref
 
 
-def _send(manager: ManagerRef, operation: Operation[Any, Any], *args: Any) -> None:
+def _send(manager: ManagerRef, message: Any) -> None:
     try:
-        manager.tell(operation.build(*args))
+        manager.tell(message)
     except ManagerStopped:
-        manager.ignored(operation.name)
+        manager._ignored(message.operation)
 
 
-def _ask(manager: ManagerRef, operation: Operation[Any, R], *args: Any, timeout: float | None) -> R:
-    ref = require_manager(manager)
-    answer: R = ref.ask(operation.build(*args), timeout=timeout)
-    return answer
+def _ask(manager: ManagerRef, message: Any, *, timeout: float | None) -> Any:
+    return require_manager(manager).ask(message, timeout=timeout)
 
 
 def track_job(
@@ -190,7 +188,7 @@ def track_job(
     # Stamped here, in the caller's thread: the job's clock starts now,
     # however long the message then waits in the mailbox.
     stamp = ref.clock() if ts is None else ts
-    _send(ref, TRACK_JOB, job_id, token, stamp, notify, max_hold)
+    _send(ref, TrackJob(job_id, token, stamp, notify, max_hold))
 
 
 def untrack_job(
@@ -216,13 +214,11 @@ def untrack_job(
     which end only with their lease; the lock is renewed while a claim
     remains. With ``notify``, it ends that target's claim alone.
 
-    With ``wait``, the caller waits for the manager's thread, except while
-    that thread runs a callback (or a target's ``tell``), which may itself be
-    waiting for the caller: a callback's blocking stop of an actor whose
-    ``on_stop`` untracks so (``pykka.ActorRegistry.stop_all()``, say). The
-    untrack then keeps its place among the caller's messages, every tick
-    waits behind it, and the call returns at once: the same promise, without
-    the wait.
+    With ``wait`` the caller waits for the manager's thread, which runs no
+    user code and never waits for Redis: from anywhere, a callback included,
+    the answer comes as soon as the messages before it are handled. A
+    renewal on its way meanwhile changes nothing: its answer about a lock
+    untracked since is dropped.
 
     Args:
         manager: The manager.
@@ -240,13 +236,14 @@ def untrack_job(
         pykka.Timeout: With ``wait``, no answer within ``timeout`` seconds.
     """
     manager = require_manager(manager)
+    message = UntrackJob(job_id, token, notify)
     if not wait:
-        _send(manager, UNTRACK_JOB, job_id, token, notify)
+        _send(manager, message)
         return
     try:
-        _ask(manager, UNTRACK_JOB, job_id, token, notify, timeout=timeout)
+        _ask(manager, message, timeout=timeout)
     except ManagerStopped:
-        manager.ignored(UNTRACK_JOB.name)
+        manager._ignored(message.operation)
 
 
 def get_active_job_count(manager: ManagerRef, *, timeout: float | None = None) -> int:
@@ -256,7 +253,8 @@ def get_active_job_count(manager: ManagerRef, *, timeout: float | None = None) -
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    return _ask(manager, GET_ACTIVE_JOB_COUNT, timeout=timeout)
+    count: int = _ask(manager, GetActiveJobCount(), timeout=timeout)
+    return count
 
 
 def get_tracked_job_ids(manager: ManagerRef, *, timeout: float | None = None) -> list[str]:
@@ -266,7 +264,8 @@ def get_tracked_job_ids(manager: ManagerRef, *, timeout: float | None = None) ->
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    return _ask(manager, GET_TRACKED_JOB_IDS, timeout=timeout)
+    ids: list[str] = _ask(manager, GetTrackedJobIds(), timeout=timeout)
+    return ids
 
 
 def is_tracked(manager: ManagerRef, job_id: str, *, timeout: float | None = None) -> bool:
@@ -278,7 +277,8 @@ def is_tracked(manager: ManagerRef, job_id: str, *, timeout: float | None = None
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    return _ask(manager, IS_TRACKED, job_id, timeout=timeout)
+    tracked: bool = _ask(manager, IsTracked(job_id), timeout=timeout)
+    return tracked
 
 
 def get_stats(manager: ManagerRef, *, timeout: float | None = None) -> Stats:
@@ -288,18 +288,20 @@ def get_stats(manager: ManagerRef, *, timeout: float | None = None) -> Stats:
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    return _ask(manager, GET_STATS, timeout=timeout)
+    stats: Stats = _ask(manager, GetStats(), timeout=timeout)
+    return stats
 
 
 def stop(manager: ManagerRef, *, timeout: float | None = None) -> bool:
     """Stop ``manager``: no tick, no Redis command and no thread is left after.
 
     Idempotent and safe from several threads at once: a stopped or dead
-    manager is fine. Called from any manager's own thread (a callback of this
-    manager or of another), it sends the stop and returns at once: the
-    manager stops after its current message, and two managers whose
-    callbacks stop each other (``pykka.ActorRegistry.stop_all()``, say)
-    never wait for one another.
+    manager is fine. It returns once the manager's threads have ended and
+    its last reports (each watcher's ``"manager_stopped"``) were delivered;
+    called from a callback of any manager, it waits for the manager's own
+    thread but not for its delivery thread, so two managers whose callbacks
+    stop each other (``pykka.ActorRegistry.stop_all()``, say) never wait for
+    one another.
 
     Returns:
         ``True`` for exactly one call, the one that stopped the manager;

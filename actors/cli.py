@@ -24,7 +24,13 @@ from redis.connection import parse_url
 
 from actors.connection import client_for_url, command_timeout, redacted_url
 from actors.keys import DEFAULT_PREFIX, QueueKeys
-from actors.schedule import MIN_REDIS_LOCK_DURATION, Timing, monotonic_ms, next_deadline
+from actors.timing import (
+    MIN_REDIS_LOCK_DURATION,
+    Timing,
+    default_safety_margin,
+    monotonic_ms,
+    next_tick,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -69,7 +75,7 @@ examples:
       a BullMQ queue (keys bull:emails:<job id>:lock) on $REDIS_URL or
       localhost, refreshed every second until Ctrl-C
   %(prog)s explain --lock-duration 30000 --lock-renew-time 25000
-      the windows of a configuration with less than one tick of margin (warns)
+      the windows of a configuration with less than one tick of headroom (warns)
 
 exit status:
   0 success, 1 runtime error (server unreachable, command refused),
@@ -89,8 +95,9 @@ so refresh faster than the locks are renewed for a close figure.
 """
 _EXPLAIN_DESCRIPTION = """\
 Print the renewal windows of a lock configuration as a lock manager computes
-them, the margin a lock keeps at its latest renewal attempt, and the longest
-socket timeout per attempt for a client you pass. Warns when the margin is
+them, the headroom a lock keeps at its latest renewal attempt, a watched
+lock's safety margin, and the longest socket timeout per attempt for a client
+you pass. Warns when the headroom is
 shorter than one tick.
 """
 
@@ -315,10 +322,11 @@ def explain(timing: Timing) -> tuple[str, list[str]]:
     Returns:
         The text to print, and the warnings about it (possibly none).
     """
-    interval, margin = timing.interval, timing.margin
+    interval, headroom = timing.interval, timing.headroom
+    safety = default_safety_margin(timing)
     # The rule (and format) of the manager's start-up warning about a client.
-    single, cluster = command_timeout(interval), command_timeout(interval, cluster=True)
-    spare = margin / interval
+    single, cluster = command_timeout(timing), command_timeout(timing, cluster=True)
+    spare = headroom / interval
     rows = [
         (
             "lock_duration",
@@ -333,7 +341,12 @@ def explain(timing: Timing) -> tuple[str, list[str]]:
             "a tick renews the jobs last renewed longer ago",
         ),
         ("worst-case gap", f"{timing.worst_gap} ms", "longest time between two renewal attempts"),
-        ("safety margin", f"{margin} ms", f"TTL left at the latest attempt: {spare:.1f} tick(s)"),
+        ("headroom", f"{headroom} ms", f"TTL left at the latest attempt: {spare:.1f} tick(s)"),
+        (
+            "safety_margin",
+            f"{safety} ms",
+            f"a watched lock is trusted {timing.lock_duration - safety} ms after a confirmed send",
+        ),
         ("socket_timeout", f"{single:g} s", "at most this on a redis.Redis you pass, per attempt"),
         ("cluster socket_timeout", f"{cluster:g} s", "the same on a redis.RedisCluster"),
     ]
@@ -348,22 +361,22 @@ def explain(timing: Timing) -> tuple[str, list[str]]:
             f"{refused if duration < MIN_REDIS_LOCK_DURATION else ''}; "
             f"for {duration} seconds pass {duration * 1000}"
         )
-    if margin < interval:
+    if headroom < interval:
         safe = _largest_safe_renew_time(timing.lock_duration)
         advice = "" if safe is None else f"; a lock_renew_time of at most {safe} ms keeps one tick"
         warnings.append(
-            f"the safety margin ({margin} ms) is shorter than one tick ({interval} ms): a single "
+            f"the headroom ({headroom} ms) is shorter than one tick ({interval} ms): a single "
             f"late or failed tick lets a lock expire and its job stall{advice}"
         )
     return text, warnings
 
 
 def _largest_safe_renew_time(lock_duration: int) -> int | None:
-    # margin >= interval holds up to about two thirds of the duration; walk
+    # headroom >= interval holds up to about two thirds of the duration; walk
     # down from just above it to absorb the integer divisions.
     for renew in range(min(lock_duration - 1, lock_duration * 2 // 3 + 2), 1, -1):
         timing = Timing(lock_duration, renew)
-        if timing.margin >= timing.interval:
+        if timing.headroom >= timing.interval:
             return renew
     return None
 
@@ -504,7 +517,7 @@ def _run_locks(args: argparse.Namespace, prog: str, out: TextIO, err: TextIO) ->
             # Refreshes keep the manager's fixed grid, so the time a read
             # takes does not stretch the period.
             frames += 1
-            deadline = next_deadline(deadline, max(1, round(every * 1000)), monotonic_ms())
+            deadline = next_tick(deadline, max(1, round(every * 1000)), monotonic_ms())
             time.sleep(max(0, deadline - monotonic_ms()) / 1000)
     except KeyboardInterrupt:
         if every is None:

@@ -1,14 +1,17 @@
-"""Clients, and the one rule that bounds how long a failed command may take.
+"""Clients: which server one reaches, and the rule that bounds how long a failed command takes.
 
-While a tick waits for Redis the manager answers nobody, so every client it
-uses must give up on a dead server well inside one tick interval. redis-py's
-defaults do not: a failed command is retried up to ten times with backoff,
-and a cluster client refreshes its topology and sleeps on each CLUSTERDOWN.
+A manager renews on a thread of its own, so a slow or dead server never holds
+up its messages or the deadlines of its watched locks; but each renewal
+must end, or the locks wait behind it. redis-py's defaults do not end: a
+failed command is retried up to ten times with backoff, and a cluster client
+refreshes its topology and sleeps on each CLUSTERDOWN.
 
 The rule, used by every client built here, by the start-up warning about a
-client passed in, and by ``python -m actors explain``: a failed tick (two
-attempts) holds the manager for at most half an interval, so each attempt
-waits at most :func:`command_timeout` seconds.
+client passed in, and by ``python -m actors explain``: a renewal is of use
+only while its answer can still come before a watched lock's deadline, so
+each of its two attempts waits at most half of what the trust window leaves
+after one interval (:func:`command_timeout`). Clients built here also say
+which server they reach, with the password masked, for log lines and errors.
 """
 
 from __future__ import annotations
@@ -16,19 +19,15 @@ from __future__ import annotations
 import inspect
 import logging
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from actors.describe import (
-    connection_kwargs,
-    describe_connection,
-    redacted_url,
-    unreachable_message,
-)
-from actors.keys import check_cluster_keys, hash_slot
+from actors.keys import check_cluster_keys
+from actors.timing import Timing, default_safety_margin
 
 if TYPE_CHECKING:
     from actors.keys import QueueKeys
@@ -37,14 +36,14 @@ __all__ = [
     "RETRIES",
     "Client",
     "check_client",
-    "check_cluster_keys",
     "client_for_url",
     "client_like",
     "client_settings",
     "cluster_client",
     "command_timeout",
+    "connection_kwargs",
     "describe_connection",
-    "hash_slot",
+    "encoding",
     "is_cluster",
     "redacted_url",
     "socket_timeout",
@@ -64,37 +63,46 @@ RETRIES = 1
 _FLOOR, _CEILING = 0.05, 5.0
 
 
-def command_timeout(interval_ms: int, *, cluster: bool = False) -> float:
-    """Return the longest wait per attempt, in seconds, for a tick ``interval_ms`` long.
+def command_timeout(
+    timing: Timing, safety_margin: int | None = None, *, cluster: bool = False
+) -> float:
+    """Return the longest wait per attempt, in seconds, of a manager with these windows.
 
-    A quarter of the interval on one server: two attempts fill half of it.
-    A tenth on a cluster, where an attempt may also wait for a topology
-    refresh and for redis-py's fixed 0.25 s pause on CLUSTERDOWN. Never
-    below 50 ms (a round trip must fit) nor above 5 s.
+    A watched lock is renewed at every tick and trusted for ``lock_duration -
+    safety_margin`` after a confirmed send, so a renewal answered later than
+    that minus one interval can no longer move its deadline on: two
+    attempts share what is left (a quarter each on a cluster, where an
+    attempt may also wait for a topology refresh and for redis-py's fixed
+    0.25 s pause on CLUSTERDOWN). Never below 50 ms (a round trip must fit)
+    nor above 5 s. With the default windows that is 1.25 intervals on one
+    server: a 30,000 ms lock tolerates round trips up to 5 s, a 2,000 ms lock
+    up to 625 ms.
+
+    Args:
+        timing: The manager's windows.
+        safety_margin: Its watched locks' margin in ms (``None``: the default).
+        cluster: Whether the client is a ``redis.RedisCluster``.
     """
-    share = 10 if cluster else 4
-    return min(max(interval_ms / 1000 / share, _FLOOR), _CEILING)
+    margin = default_safety_margin(timing) if safety_margin is None else safety_margin
+    useful = timing.lock_duration - margin - timing.interval
+    share = 4 if cluster else 2
+    return min(max(useful / 1000 / share, _FLOOR), _CEILING)
 
 
-def client_for_url(
-    url: str, *, interval_ms: int | None = None, timeout: float | None = None
-) -> redis.Redis:
+def client_for_url(url: str, *, timeout: float) -> redis.Redis:
     """Build a one-server client whose failed command returns in bounded time.
 
     Args:
         url: A ``redis://``, ``rediss://`` or ``unix://`` URL.
-        interval_ms: The manager's tick interval; the timeout is then
-            :func:`command_timeout` of it.
-        timeout: The wait per attempt in seconds, when no interval is given.
+        timeout: The wait per attempt, in seconds (see :func:`command_timeout`).
 
     Raises:
         ValueError: ``url`` is not a Redis URL.
     """
-    seconds = command_timeout(interval_ms) if interval_ms is not None else timeout
     return redis.Redis.from_url(
         url,
-        socket_timeout=seconds,
-        socket_connect_timeout=seconds,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
         retry=Retry(NoBackoff(), RETRIES),
     )
 
@@ -131,7 +139,7 @@ _COPIED_SETTINGS = (
 
 
 def client_like(
-    options: object, *, interval_ms: int, bounded: bool = True, retries: int = RETRIES
+    options: object, *, timeout: float, bounded: bool = True, retries: int = RETRIES
 ) -> redis.Redis:
     """Build a bounded one-server client that reaches the server ``options`` reach.
 
@@ -145,9 +153,9 @@ def client_like(
             ``connection_pool``); or a ``redis.Redis`` / ``redis.asyncio.Redis``
             client, whose server, database, credentials and TLS settings are
             copied (the client itself is left alone).
-        interval_ms: The manager's tick interval.
+        timeout: The wait per attempt, in seconds (see :func:`command_timeout`).
         bounded: Whether a command's reply is awaited for at most
-            :func:`command_timeout` of ``interval_ms``; ``False`` awaits it as
+            ``timeout``; ``False`` awaits it as
             long as it takes, as a bullmq worker's own client does (connecting
             stays bounded either way).
         retries: Retries after a failed attempt (``0`` for a command that
@@ -160,7 +168,7 @@ def client_like(
             explicitly), or none of the shapes above.
     """
     if isinstance(options, str):
-        return client_for_url(options, interval_ms=interval_ms)
+        return client_for_url(options, timeout=timeout)
     if isinstance(options, dict) and options.get("connection_pool") is not None:
         settings = _settings_of(options["connection_pool"])
     elif isinstance(options, dict):
@@ -170,18 +178,17 @@ def client_like(
     elif isinstance(options, (redis.asyncio.RedisCluster, redis.RedisCluster)):
         raise TypeError(
             "a Redis Cluster client cannot be copied into a one-server client: use "
-            f"actors.connection.cluster_client(url, interval_ms={interval_ms})"
+            "actors.connection.cluster_client(url, interval_ms=...) with the manager's interval"
         )
     else:
         raise TypeError(
             "connection options must be a URL, a dict of redis.Redis keywords or a "
             f"redis.Redis / redis.asyncio.Redis client, got {type(options).__name__}"
         )
-    seconds = command_timeout(interval_ms)
     return redis.Redis(
         **settings,
-        socket_timeout=seconds if bounded else None,
-        socket_connect_timeout=seconds,
+        socket_timeout=timeout if bounded else None,
+        socket_connect_timeout=timeout,
         retry=Retry(NoBackoff(), retries),
     )
 
@@ -260,7 +267,8 @@ def cluster_client(url: str, *, interval_ms: int, **options: Any) -> redis.Redis
         **options: More ``redis.RedisCluster`` options; they override the
             timeouts and retries chosen here.
     """
-    seconds = command_timeout(interval_ms, cluster=True)
+    # The default windows: a lock of four intervals, a margin of half of one.
+    seconds = command_timeout(Timing(4 * interval_ms), cluster=True)
     options.setdefault("socket_timeout", seconds)
     options.setdefault("socket_connect_timeout", seconds)
     options.setdefault("retry", Retry(NoBackoff(), RETRIES))
@@ -283,8 +291,8 @@ def encoding(conn: object) -> str:
     return str(connection_kwargs(conn).get("encoding", "utf-8"))
 
 
-def check_client(conn: object, keys: QueueKeys, interval_ms: int) -> None:
-    """Check a client given to a manager; warn when it can hold a tick too long.
+def check_client(conn: object, keys: QueueKeys, timing: Timing, safety_margin: int) -> None:
+    """Check a client given to a manager; warn when a hung call on it could last too long.
 
     Raises:
         TypeError: ``conn`` is not a ``redis.Redis`` or ``redis.RedisCluster``.
@@ -317,22 +325,115 @@ def check_client(conn: object, keys: QueueKeys, interval_ms: int) -> None:
     cluster = is_cluster(conn)
     if cluster:
         check_cluster_keys(keys)
-    limit = command_timeout(interval_ms, cluster=cluster)
+    limit = command_timeout(timing, safety_margin, cluster=cluster)
     given = socket_timeout(conn)
     if given is not None and given <= limit:
         return
     if cluster:
-        fix = f"build it with actors.connection.cluster_client(url, interval_ms={interval_ms})"
+        fix = f"build it with actors.connection.cluster_client(url, interval_ms={timing.interval})"
     else:
         fix = f"pass socket_timeout={limit:g} (or less), or pass a URL"
     what = "no socket_timeout" if given is None else f"socket_timeout={given:g} s"
     logger.warning(
-        "LockManager for queue %r: the client has %s, but a failed tick must end within "
-        "half the %d ms interval (%g s per attempt), or a hung server holds every query "
-        "to the manager; %s",
+        "LockManager for queue %r: the client has %s, but a renewal answered after %g s "
+        "per attempt can no longer keep a %d ms lock's deadline, and a hung one holds back "
+        "every renewal after it; %s",
         keys.name,
         what,
-        interval_ms,
         limit,
+        timing.lock_duration,
         fix,
+    )
+
+
+def connection_kwargs(conn: object) -> dict[str, Any]:
+    """Return the keywords a client's connections are built with.
+
+    A one-server client keeps them on its pool, a cluster client on its nodes manager.
+    """
+    pool = getattr(conn, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if kwargs is None:
+        nodes = getattr(conn, "nodes_manager", None)
+        kwargs = getattr(nodes, "connection_kwargs", None) or {}
+    return dict(kwargs)
+
+
+def redacted_url(url: str) -> str:
+    """Return ``url`` with its password, if any, replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return "<a URL that does not parse>"
+    if password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def describe_connection(conn: object) -> str:
+    """Return the server a client or URL reaches, as a URL with the password masked.
+
+    For log lines and errors: ``rediss://user:***@host:6380/2``,
+    ``unix:///run/redis.sock?db=0``, or the first startup node of a cluster
+    client. A client whose pool does not name its server (a Sentinel-managed
+    one) is described by its type.
+    """
+    if isinstance(conn, str):
+        return redacted_url(conn)
+    if isinstance(conn, (redis.RedisCluster, redis.asyncio.RedisCluster)):
+        nodes = getattr(conn, "startup_nodes", None) or getattr(
+            getattr(conn, "nodes_manager", None), "startup_nodes", None
+        )
+        first = next(iter(nodes.values() if isinstance(nodes, dict) else nodes or []), None)
+        kwargs = connection_kwargs(conn)
+        where = f"{first.host}:{first.port}" if first is not None else "?"
+        return f"{_scheme_auth('redis', kwargs)}{where} (cluster)"
+    pool = getattr(conn, "connection_pool", None)
+    kwargs = dict(getattr(pool, "connection_kwargs", None) or {})
+    kind = getattr(pool, "connection_class", None)
+    db = kwargs.get("db", 0)
+    if kwargs.get("path"):
+        user = kwargs.get("username")
+        password = "" if kwargs.get("password") is None else "&password=***"
+        auth = f"{quote(user)}@" if user else ""
+        return f"unix://{auth}{quote(str(kwargs['path']))}?db={db}{password}"
+    if kwargs.get("host"):
+        ssl = kind in (redis.SSLConnection, redis.asyncio.SSLConnection)
+        scheme = "rediss" if ssl else "redis"
+        return f"{_scheme_auth(scheme, kwargs)}{kwargs['host']}:{kwargs.get('port', 6379)}/{db}"
+    return f"a {type(conn).__module__}.{type(conn).__qualname__} client"
+
+
+def _scheme_auth(scheme: str, kwargs: dict[str, Any]) -> str:
+    user = kwargs.get("username") or ""
+    if kwargs.get("password") is not None:
+        return f"{scheme}://{quote(user)}:***@"
+    if user:
+        return f"{scheme}://{quote(user)}@"
+    return f"{scheme}://"
+
+
+def unreachable_message(conn: object, queue: str, exc: BaseException) -> str:
+    """Say that a manager cannot reach its server, where it looked, and what to check.
+
+    Args:
+        conn: The manager's client (or URL).
+        queue: The queue's name.
+        exc: The connection error or timeout.
+    """
+    where = describe_connection(conn)
+    cause = " ".join(f"{type(exc).__name__}: {exc}".split())
+    if isinstance(exc, redis.AuthenticationError):
+        check = "the username and password"
+    else:
+        check = (
+            "that the server runs and listens there, that host, port and database are "
+            "right (unix:// for a socket, rediss:// for TLS), and that no firewall is in the way"
+        )
+    return (
+        f"LockManager for queue {queue!r} cannot reach its Redis server at {where} "
+        f"({cause}); check {check}. Its locks are not renewed until it can: every tick "
+        f"tries again"
     )

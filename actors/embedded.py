@@ -29,7 +29,6 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from actors import _keeper
 from actors._keeper import KEEPER_WAIT_S
 
 if TYPE_CHECKING:
@@ -241,7 +240,7 @@ class EmbeddedServer:
         # or of the owner's environment, is imported. Its own session: a signal
         # to the owner's process group (a CI timeout) leaves it to clean up.
         self._keeper = subprocess.Popen(
-            [sys.executable, "-I", _keeper.__file__, *folder],
+            [sys.executable, "-I", str(Path(__file__).with_name("_keeper.py")), *folder],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

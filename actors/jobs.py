@@ -1,36 +1,215 @@
-"""The tracked jobs of one manager: pure bookkeeping, no I/O, no threads.
+"""The tracked jobs of one manager: their locks, who claims each, and until when each is trusted.
 
-The records a table keeps live beside it, one idea each: the claims
-(:mod:`actors.claims`), a watched lock's deadline (:mod:`actors.validity`)
-and the recently lost locks (:mod:`actors.recently_lost`); they stay
-importable from here.
+Pure bookkeeping: no I/O, no threads. A :class:`JobTable` holds each lock's
+token and stamp, the :class:`Claim` of each holder, the :class:`Validity` of
+each watched lock; :class:`LostLocks` remembers the locks lost lately, so a
+lost lock is neither renewed nor reported twice.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from itertools import compress
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final, NamedTuple
 
-from actors.claims import PLAIN_ONLY, Claim, Ended, Holders, ending, past, with_claim
-from actors.recently_lost import RECENTLY_LOST, Gone, LostLocks
-from actors.schedule import DEFAULT_LOCK_DURATION, Timing, default_safety_margin, due_mask
-from actors.validity import Deadlines, Validity
+from actors.timing import due_mask
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
-    from actors.messages import Notify
+    from actors.messages import Notify, Reason
 
 __all__ = [
+    "PLAIN",
+    "PLAIN_ONLY",
     "RECENTLY_LOST",
     "Claim",
+    "Deadlines",
     "Ended",
-    "Gone",
     "Holders",
     "JobTable",
     "LostLocks",
     "Validity",
 ]
+
+
+# -- claims --------------------------------------------------------------------
+
+
+class Claim(NamedTuple):
+    """One holder's claim on a lock: who it is, and until when it wants the lock renewed."""
+
+    #: Told :class:`~actors.LockLost` if the lock is lost while the claim
+    #: holds; ``None`` for the plain claim of a worker that tracks without one.
+    target: Notify | None
+    #: Monotonic ms at which this claim's ``max_hold`` ends it, or ``None``.
+    hold_end: int | None
+    #: Ended only by an untrack that names :attr:`target` (a lease's claim).
+    keep: bool = False
+    #: This claim's ``safety_margin`` in ms, or ``None`` for the manager's.
+    margin: int | None = None
+    #: The holder is deleting the lock itself (a move): its loss is no loss.
+    releasing: bool = False
+
+
+class Holders(NamedTuple):
+    """The claims of a lock that is more than one plain claim without a hold limit."""
+
+    #: Every claim on the lock's current token, in the order they were made.
+    claims: tuple[Claim, ...]
+    #: The claims' targets, in the same order: a lock with any is checked at every tick.
+    targets: tuple[Notify, ...]
+    #: The earliest of the claims' hold ends, or ``None``.
+    hold_end: int | None
+
+
+class Ended(NamedTuple):
+    """What an untrack, a loss or a hold limit took from one lock."""
+
+    #: The lock's token.
+    token: str
+    #: The claims that ended, in the order they were made.
+    claims: tuple[Claim, ...]
+    #: Whether no claim is left: the job is no longer tracked.
+    last: bool
+
+
+#: The claim of a job tracked plainly, without a hold limit: the only one most
+#: jobs have, stored as no :class:`Holders` at all.
+PLAIN: Final = Claim(None, None)
+#: The claims of a plainly tracked job.
+PLAIN_ONLY: Final = (PLAIN,)
+
+
+def _with_claim(claims: tuple[Claim, ...], claim: Claim) -> tuple[Claim, ...]:
+    """Return ``claims`` with ``claim`` added, or merged into the one its target made before.
+
+    A claim made again is the same claim: it keeps its place and its hold
+    end, which cannot slide; it only gains one it did not have, and takes
+    the new word on whether its holder is releasing the lock.
+    """
+    # By identity: an actor's ``actor_ref`` is one object, and comparing
+    # with ``==`` would run a target's own code on the manager's thread.
+    for i, made in enumerate(claims):
+        if made.target is claim.target:
+            hold_end = claim.hold_end if made.hold_end is None else made.hold_end
+            if hold_end == made.hold_end and claim.releasing == made.releasing:
+                return claims
+            merged = made._replace(hold_end=hold_end, releasing=claim.releasing)
+            return (*claims[:i], merged, *claims[i + 1 :])
+    return (*claims, claim)
+
+
+def _split(
+    claims: tuple[Claim, ...], ends: Callable[[Claim], bool]
+) -> tuple[tuple[Claim, ...], tuple[Claim, ...]]:
+    return (
+        tuple(claim for claim in claims if ends(claim)),
+        tuple(claim for claim in claims if not ends(claim)),
+    )
+
+
+# -- until when a watched lock is trusted ---------------------------------------
+
+
+class Validity:
+    """Until when one watched lock is certainly still held at the server: shared, read anywhere.
+
+    One per watched lock, written only on the manager's thread; a lease
+    reads :attr:`deadline` from the job's thread (two attribute reads, no lock).
+
+    Args:
+        confirmed: Monotonic ms at which the last confirmed renewal was sent
+            (or the lock taken).
+        span: How long after that the lock is trusted: ``lock_duration - margin``.
+    """
+
+    __slots__ = ("confirmed", "span")
+
+    def __init__(self, confirmed: int, span: int) -> None:
+        #: Monotonic ms at which the last confirmed renewal was sent (or the lock taken).
+        self.confirmed = confirmed
+        #: How long after :attr:`confirmed` the lock is trusted, in ms.
+        self.span = span
+
+    @property
+    def deadline(self) -> int:
+        """Monotonic ms past which the lock may be gone at the server."""
+        return self.confirmed + self.span
+
+    def release(self) -> None:
+        """Called once the lock is no longer watched (a shared record frees its cell)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(confirmed={self.confirmed}, deadline={self.deadline})"
+
+
+class Deadlines:
+    """The watched locks' :class:`Validity`, by job id, and the earliest of their deadlines.
+
+    Args:
+        validity: Builds a lock's record from ``(job_id, confirmed, span)``;
+            :class:`Validity` by default.
+    """
+
+    __slots__ = ("earliest", "new", "valid")
+
+    def __init__(self, validity: Callable[[str, int, int], Validity] | None = None) -> None:
+        #: The watched locks' validity, by job id.
+        self.valid: dict[str, Validity] = {}
+        #: No watched lock's deadline is earlier than this (ms), or ``None``:
+        #: never later than the truth, sometimes earlier (a lock untracked since).
+        self.earliest: int | None = None
+        self.new = validity or (lambda _job_id, confirmed, span: Validity(confirmed, span))
+
+    def watch(self, job_id: str, stamp: int, span: int) -> None:
+        """Trust ``job_id``'s lock ``span`` ms past a confirmed send (from ``stamp`` if new)."""
+        validity = self.valid.get(job_id)
+        if validity is None:
+            validity = self.valid[job_id] = self.new(job_id, stamp, span)
+        elif validity.span != span:
+            validity.span = span
+            self.earliest = min(v.deadline for v in self.valid.values())
+        if self.earliest is None or validity.deadline < self.earliest:
+            self.earliest = validity.deadline
+
+    def unwatch(self, job_id: str) -> None:
+        """Forget the lock's validity; the earliest deadline is then that of the others."""
+        validity = self.valid.pop(job_id, None)
+        if validity is None:
+            return
+        validity.release()
+        if validity.deadline == self.earliest:
+            # A stale earliest would arm the timer for a deadline nobody has.
+            self.earliest = min((v.deadline for v in self.valid.values()), default=None)
+
+    def confirm(self, stamps: Mapping[str, int], now: int) -> list[str]:
+        """Move each deadline to its lock's last confirmed renewal; return the ids past it.
+
+        A lock whose deadline came at or before ``now`` is returned even if a
+        renewal of it was just confirmed: at its deadline nobody had
+        confirmed it, and a job that looked then was told it may be lost.
+
+        Args:
+            stamps: Each tracked lock's last renewal (or taking), in monotonic ms.
+            now: Monotonic ms, read after the renewals' answer came.
+        """
+        overdue: list[str] = []
+        earliest: int | None = None
+        for job_id, validity in self.valid.items():
+            if validity.deadline <= now:
+                overdue.append(job_id)
+                continue
+            stamp = stamps[job_id]
+            validity.confirmed = max(validity.confirmed, stamp)
+            deadline = validity.deadline
+            if earliest is None or deadline < earliest:
+                earliest = deadline
+        self.earliest = earliest
+        return overdue
+
+
+# -- the table -------------------------------------------------------------------
 
 
 class JobTable:
@@ -40,36 +219,45 @@ class JobTable:
     job: CPython's garbage collector does not track dicts that hold only
     strings and ints, so 100,000 tracked jobs add nothing to each collection,
     and stamping a tick's renewals stores one shared int, allocating nothing
-    per job. A job tracked once, plainly and without a deadline, has one
+    per job. A job tracked once, plainly and without a hold limit, has one
     implicit claim; the few with more (a ``notify`` target, a lease, a hold
-    deadline) keep their :class:`Holders` (the claims) in a third dict.
+    limit) keep their :class:`Holders` in a third dict, and each lock somebody
+    watches has a :class:`Validity`.
 
     A lock not yet renewed goes first in its tick's batch. A batch of every
     job takes a while (about a second for 100,000), and a job tracked during
     the previous one would otherwise sit at its end, renewed that long after
-    it was due; the jobs renewed before have their place in every batch, so
-    their gaps do not change.
-
-    Each lock somebody watches (a ``notify`` target, a lease) also has a
-    :class:`Validity`: its deadline, moved on by each confirmed renewal.
+    it was due; the jobs renewed before keep their place, so their gaps do
+    not change.
 
     Args:
         lock_duration: The locks' TTL in ms.
-        safety_margin: The default margin of a watched lock's deadline, in
-            ms; half the timer interval of ``lock_duration`` when ``None``.
+        safety_margin: The default margin of a watched lock's deadline, in ms.
+        validity: Builds each watched lock's :class:`Validity` (see :class:`Deadlines`).
     """
 
-    __slots__ = ("deadlines", "fresh", "lock_duration", "margin", "stamps", "tokens", "watches")
+    __slots__ = (
+        "changes",
+        "deadlines",
+        "fresh",
+        "lock_duration",
+        "margin",
+        "stamps",
+        "tokens",
+        "touched",
+        "watches",
+    )
 
     def __init__(
-        self, lock_duration: int = DEFAULT_LOCK_DURATION, safety_margin: int | None = None
+        self,
+        lock_duration: int,
+        safety_margin: int,
+        validity: Callable[[str, int, int], Validity] | None = None,
     ) -> None:
         self.lock_duration = lock_duration
-        self.margin = (
-            default_safety_margin(Timing(lock_duration)) if safety_margin is None else safety_margin
-        )
+        self.margin = safety_margin
         #: The watched locks' validity and the earliest of their deadlines.
-        self.deadlines = Deadlines()
+        self.deadlines = Deadlines(validity)
         self.tokens: dict[str, str] = {}
         #: Monotonic ms of the lock's taking or of its last renewal: never
         #: later than the moment the server set its TTL.
@@ -77,16 +265,17 @@ class JobTable:
         self.watches: dict[str, Holders] = {}
         #: The jobs whose lock this manager has not renewed yet (an ordered set).
         self.fresh: dict[str, None] = {}
+        #: Counts the locks let go or replaced: a renewal whose batch was taken
+        #: at the same count needs no look at which of its jobs are still held.
+        self.changes = 0
+        #: When kept (a ``dict``, not ``None``), the ids whose lock or claims
+        #: changed since it was last emptied, in order: what a child must hear.
+        self.touched: dict[str, None] | None = None
 
     @property
     def valid(self) -> dict[str, Validity]:
         """The watched locks' validity, by job id."""
         return self.deadlines.valid
-
-    @property
-    def earliest(self) -> int | None:
-        """No watched lock's deadline is earlier than this (ms), or ``None``."""
-        return self.deadlines.earliest
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -101,6 +290,16 @@ class JobTable:
         watch = self.watches.get(job_id)
         return PLAIN_ONLY if watch is None else watch.claims
 
+    def releasing(self, job_id: str) -> bool:
+        """Whether a holder of ``job_id``'s lock is deleting it itself (see :class:`Claim`)."""
+        watch = self.watches.get(job_id)
+        return watch is not None and any(claim.releasing for claim in watch.claims)
+
+    def watched(self, job_id: str) -> bool:
+        """Whether somebody watches ``job_id``'s lock (a claim with a target)."""
+        watch = self.watches.get(job_id)
+        return watch is not None and bool(watch.targets)
+
     def track(
         self,
         job_id: str,
@@ -110,6 +309,7 @@ class JobTable:
         max_hold: int | None = None,
         keep: bool = False,
         margin: int | None = None,
+        releasing: bool = False,
     ) -> tuple[str, tuple[Notify, ...]] | None:
         """Add a claim on a job's lock.
 
@@ -117,8 +317,8 @@ class JobTable:
         plain claim has none). The same token again is the same lock: it keeps
         its older stamp (a job tracked over and over, by a progress hook, is
         still renewed on time), and every other claim; a claim made again is
-        the same claim, whose hold deadline cannot slide. A new token is a
-        new lock: every claim of the old one ends.
+        the same claim, whose hold end cannot slide. A new token is a new
+        lock: every claim of the old one ends.
 
         Args:
             job_id: The job's id.
@@ -130,6 +330,7 @@ class JobTable:
                 or ``None`` for no limit.
             keep: End the claim only by an untrack that names ``notify``.
             margin: The claim's safety margin in ms (``None``: the table's).
+            releasing: The holder is deleting the lock itself (see :class:`Claim`).
 
         Returns:
             When a new token replaces a lock somebody waits on: the old token
@@ -137,17 +338,27 @@ class JobTable:
             now), in the order they asked. ``None`` otherwise.
         """
         held = self.tokens.get(job_id)
-        if held is None and notify is None and max_hold is None:
+        if self.touched is not None:
+            self.touched[job_id] = None
+        if held is None and notify is None and max_hold is None and not releasing:
             # A plain new job, as most are: nothing else to look at.
             self.tokens[job_id] = token
             self.stamps[job_id] = ts
             self.fresh[job_id] = None
             return None
-        if held == token and notify is None and max_hold is None and job_id not in self.watches:
+        if (
+            held == token
+            and notify is None
+            and max_hold is None
+            and not releasing
+            and job_id not in self.watches
+        ):
             return None  # the one plain claim, made again (a progress hook)
         replaced = None
         claims: tuple[Claim, ...]
         if held != token:
+            if held is not None:
+                self.changes += 1
             self.tokens[job_id] = token
             self.stamps[job_id] = ts
             self.fresh[job_id] = None
@@ -157,10 +368,9 @@ class JobTable:
                 replaced = (held, gone.targets)
             claims = ()
         else:
-            watch = self.watches.get(job_id)
-            claims = PLAIN_ONLY if watch is None else watch.claims
-        deadline = None if max_hold is None else ts + max_hold
-        self._keep(job_id, with_claim(claims, Claim(notify, deadline, keep, margin)))
+            claims = self.claims(job_id)
+        hold_end = None if max_hold is None else ts + max_hold
+        self._keep(job_id, _with_claim(claims, Claim(notify, hold_end, keep, margin, releasing)))
         return replaced
 
     def untrack(
@@ -190,43 +400,55 @@ class JobTable:
         watch = self.watches.get(job_id)
         if watch is None:
             if notify is not None and not everyone:
-                return held, (), False
+                return Ended(held, (), False)
             # The one plain claim, as most jobs have: inlined, an untrack is hot.
-            # (A lock without a Holders has no Validity either.)
             del self.tokens[job_id]
             del self.stamps[job_id]
             self.fresh.pop(job_id, None)
-            return held, PLAIN_ONLY, True
-        ended, kept = ending(watch.claims, notify, everyone=everyone)
+            self.changes += 1
+            if self.touched is not None:
+                self.touched[job_id] = None
+            return Ended(held, PLAIN_ONLY, True)
+        ended: tuple[Claim, ...]
+        kept: tuple[Claim, ...]
+        if everyone:
+            ended, kept = watch.claims, ()
+        elif notify is not None:
+            ended, kept = _split(watch.claims, lambda claim: claim.target is notify)
+        else:
+            ended, kept = _split(watch.claims, lambda claim: not claim.keep)
+        return self._end(job_id, held, ended, kept)
+
+    def end_claims(self, job_id: str, ends: Callable[[Claim], bool]) -> Ended:
+        """End the claims on a tracked ``job_id``'s lock for which ``ends`` is true."""
+        ended, kept = _split(self.claims(job_id), ends)
+        return self._end(job_id, self.tokens[job_id], ended, kept)
+
+    def _end(
+        self, job_id: str, held: str, ended: tuple[Claim, ...], kept: tuple[Claim, ...]
+    ) -> Ended:
         if not kept:
             self._drop(job_id)
         elif ended:
             self._keep(job_id, kept)
-        return held, ended, not kept
-
-    def expire(self, job_id: str, now: int) -> Ended:
-        """End the claims on ``job_id``'s lock whose deadline is at or before ``now``.
-
-        Args:
-            job_id: A job :meth:`overdue` returned.
-            now: The tick's time, in monotonic ms.
-        """
-        token, watch = self.tokens[job_id], self.watches[job_id]
-        ended, kept = past(watch.claims, now)
-        if kept:
-            self._keep(job_id, kept)
-        else:
-            self._drop(job_id)
-        return token, ended, not kept
+            if self.touched is not None:
+                self.touched[job_id] = None
+        return Ended(held, ended, not kept)
 
     def _keep(self, job_id: str, claims: tuple[Claim, ...]) -> None:
-        if len(claims) == 1 and claims[0].target is None and claims[0].deadline is None:
+        only = claims[0]
+        if (
+            len(claims) == 1
+            and only.target is None
+            and only.hold_end is None
+            and not only.releasing
+        ):
             self.watches.pop(job_id, None)
             self.deadlines.unwatch(job_id)
             return
-        deadlines = [claim.deadline for claim in claims if claim.deadline is not None]
+        ends = [claim.hold_end for claim in claims if claim.hold_end is not None]
         targets = tuple(claim.target for claim in claims if claim.target is not None)
-        self.watches[job_id] = Holders(claims, targets, min(deadlines) if deadlines else None)
+        self.watches[job_id] = Holders(claims, targets, min(ends) if ends else None)
         if not targets:
             self.deadlines.unwatch(job_id)
             return
@@ -235,6 +457,9 @@ class JobTable:
         self.deadlines.watch(job_id, self.stamps[job_id], self.lock_duration - margin)
 
     def _drop(self, job_id: str) -> None:
+        self.changes += 1
+        if self.touched is not None:
+            self.touched[job_id] = None
         del self.tokens[job_id]
         del self.stamps[job_id]
         self.fresh.pop(job_id, None)
@@ -245,16 +470,7 @@ class JobTable:
         """Move each watched lock's deadline to its last confirmed renewal; return those past it.
 
         Call it with the time the renewals' answer was read (after
-        :meth:`stamp`), or with any time to look for deadlines passed. A
-        lock whose deadline came at or before ``now`` is returned even if a
-        renewal of it was just confirmed: at its deadline nobody had
-        confirmed it, and a job that looked then was told it may be lost.
-
-        Args:
-            now: Monotonic ms, read after the answer came.
-
-        Returns:
-            The ids of the watched locks past their deadline, still tracked.
+        :meth:`stamp`), or with any time to look for deadlines passed.
         """
         return self.deadlines.confirm(self.stamps, now)
 
@@ -336,10 +552,73 @@ class JobTable:
         for job_id in job_ids:
             stamps[job_id] = ts
 
-    def overdue(self, now: int) -> list[str]:
-        """Return the ids of the jobs with a claim past its deadline (see :meth:`expire`)."""
+    def over_hold(self, now: int) -> list[str]:
+        """Return the ids of the jobs with a claim whose hold end is at or before ``now``."""
         return [
             job_id
             for job_id, watch in self.watches.items()
-            if watch.deadline is not None and watch.deadline <= now
+            if watch.hold_end is not None and watch.hold_end <= now
         ]
+
+
+# -- the locks lost lately -----------------------------------------------------
+
+#: How many lost ``(job, token)`` pairs a manager remembers, the oldest
+#: forgotten first: a lock tracked again within that many losses of its own
+#: is neither renewed nor reported again.
+RECENTLY_LOST: Final = 10_000
+
+
+class LostLocks:
+    """The recently lost locks, by ``(job, token)``: at most ``size``, the least recent forgotten.
+
+    Each is remembered with why it was lost (``None`` while it is still
+    renewed for other claims: only some of its claims ended) and who was
+    told (``None`` for the plain claim). A lost lock is never held again with
+    the same token (a new run of the job takes a new one), so only the recent
+    ones are needed, for a holder that tracks its lost lock again (a progress
+    hook, a target that tracks in its ``tell``): that must not start the
+    lock's renewal, or its reports, over again.
+
+    Args:
+        size: Most pairs remembered.
+    """
+
+    __slots__ = ("_lost", "size")
+
+    def __init__(self, size: int = RECENTLY_LOST) -> None:
+        self.size = size
+        self._lost: OrderedDict[tuple[str, str], tuple[Reason | None, tuple[Notify | None, ...]]]
+        self._lost = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._lost)
+
+    def get(
+        self, job_id: str, token: str
+    ) -> tuple[Reason | None, tuple[Notify | None, ...]] | None:
+        """Return why the lock was lost and who was told, and remember it longest now."""
+        key = (job_id, token)
+        known = self._lost.get(key)
+        if known is not None:
+            self._lost.move_to_end(key)
+        return known
+
+    def was_told(self, job_id: str, token: str, target: Notify | None) -> bool:
+        """Whether ``target`` was told of the loss of the lock (or its claim ended)."""
+        known = self._lost.get((job_id, token))
+        return known is not None and any(told is target for told in known[1])
+
+    def add(
+        self, job_id: str, token: str, reason: Reason | None, told: Sequence[Notify | None]
+    ) -> None:
+        """Remember that the claims of ``told`` on the lock ended (with a reason: the lock too)."""
+        key = (job_id, token)
+        known = self._lost.pop(key, None)
+        before: tuple[Notify | None, ...] = () if known is None else known[1]
+        added = tuple(t for t in told if not any(k is t for k in before))
+        if known is not None and known[0] is not None:
+            reason = known[0]
+        self._lost[key] = (reason, before + added)
+        if len(self._lost) > self.size:
+            self._lost.popitem(last=False)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from redis.crc import key_slot
 
-from actors.validation import require_text
+from actors.timing import require_text
 
 __all__ = [
     "DEFAULT_PREFIX",

@@ -1,68 +1,280 @@
 """The lock manager: one actor, one timer, one batched renewal per tick.
 
 A port of EchoMQ's ``LockManager`` GenServer to a pykka ``ThreadingActor``.
-Job actors tell it which jobs they hold and release; every interval its timer
-tells it :class:`~actors.messages.ExtendLocks`, and it renews every due lock
-in one round trip. Lost locks are untracked and reported; a Redis fault
-untracks nothing and the next tick retries.
+Job actors tell it which jobs they hold and release (``handle_cast`` of
+``:track_job`` and ``:untrack_job``: :meth:`LockManager._on_track` and
+:meth:`LockManager._on_untrack`); every interval its timer tells it
+``ExtendLocks`` (``handle_info(:extend_locks)``: :meth:`LockManager._on_extend`),
+and it renews every due lock in one round trip. Lost locks are untracked and
+reported; a Redis fault untracks nothing and the next tick retries.
 
 All state lives on the actor's thread: other threads reach it only through
 messages, which its :class:`~actors.ref.ManagerRef` checks in their thread.
-Here are the actor's life, its one dispatch path and the order of a tick's
-steps; what each step decides is a pure function of its own module, and what
-the manager has to say goes through its :class:`~actors.report.Reporter`.
+The round trip runs on a renewal thread of the manager's, so a slow or dead
+server never holds up a message or a watched lock's deadline; its answer
+comes back as a message. Each step decides first (:class:`~actors.books.Books`),
+re-arms the timer, and only then reports, on the delivery thread (see
+:mod:`actors.report`): no user code runs on the manager's thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import pykka
+from pykka._envelope import Envelope
+from pykka.messages import _ActorStop
 
-from actors import _telemetry, deadlines, stopping
-from actors import messages as m
-from actors.alarm import Alarm
-from actors.apply import apply_outcome
-from actors.doors import ProxyDoors
-from actors.handlers import Handlers
-from actors.isolation import InChild, check_process_options, link_for, require_isolation
-from actors.jobs import JobTable, LostLocks
-from actors.mailbox import TicksFirst
-from actors.operations import OPERATIONS
-from actors.outcome import BatchOutcome
-from actors.rechecks import recheck_scheduled
-from actors.ref import ManagerRef
+import actors.messages as m
+from actors.books import Books, Report
+from actors.keys import QueueKeys
+from actors.messages import MANAGER_STOPPED, LockLost
+from actors.ref import ManagerRef, ManagerStopped
+from actors.renewer import BatchOutcome
 from actors.report import Reporter
-from actors.schedule import DEFAULT_LOCK_DURATION, monotonic_ms
-from actors.scripts import DEFAULT_MAX_BATCH
-from actors.settings import check_settings
-from actors.timer import ThreadTimer, resolution_ms
+from actors.scripts import DEFAULT_MAX_BATCH, RedisRenewer
+from actors.telemetry import tick_span
+from actors.timer import Alarm, ThreadTimer
+from actors.timing import (
+    DEFAULT_LOCK_DURATION,
+    MAX_DURATION_MS,
+    Timing,
+    check_safety_margin,
+    default_safety_margin,
+    monotonic_ms,
+    require_callback,
+    require_int,
+    resolution_ms,
+)
 
 if TYPE_CHECKING:
-    import queue
     from collections.abc import Callable
 
     from actors.connection import Client
-    from actors.keys import QueueKeys
-    from actors.lost import LostLock
+    from actors.jobs import Validity
+    from actors.messages import LostLock
     from actors.renewer import Renewer
-    from actors.tally import Note, Tally
+    from actors.report import Stats
     from actors.timer import Timer, TimerFactory
 
-__all__ = ["LockManager"]
+__all__ = ["ISOLATIONS", "LockManager", "require_isolation"]
 
 logger = logging.getLogger(__name__)
 
+#: The isolation modes a manager accepts.
+ISOLATIONS: Final = ("thread", "process")
 
-class LockManager(Handlers, ProxyDoors, pykka.ThreadingActor):
+#: First pause before a failed tick is tried again, in ms; it doubles with
+#: each failure in a row, up to a quarter of the interval.
+RETRY_MS: Final = 10
+
+
+def require_isolation(isolation: object) -> str:
+    """Return ``isolation`` if it is one of :data:`ISOLATIONS`.
+
+    Raises:
+        TypeError: It is not a ``str``.
+        ValueError: It is another string.
+    """
+    if not isinstance(isolation, str):
+        raise TypeError(f"isolation must be a str, got {type(isolation).__name__}")
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"isolation must be 'thread' or 'process', got {isolation!r}")
+    return str.__str__(isolation)
+
+
+# -- the mailbox and the manager's own messages ---------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Fired:
+    """The manager's timer fired for ``at`` (internal: the timer's own, not a user's)."""
+
+    at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Landed:
+    """A renewal's answer came back from the renewal thread (internal)."""
+
+    outcome: BatchOutcome | BaseException
+    #: When the answer was read, in monotonic ms.
+    answered: int
+    #: How long the round trip and the bookkeeping took, in ms.
+    elapsed_ms: float
+    #: How many dead holders' locks were deleted, or why that failed.
+    released: int | BaseException
+
+
+class TicksFirst(queue.Queue[Any]):
+    """A manager's mailbox: first in, first out, but for its timer's fires and renewals' answers.
+
+    A backlog (a burst of tells from many threads) would otherwise hold each
+    tick behind all of it, and every lock would wait for the backlog to drain.
+    Nothing is lost by the jump: tracks carry their caller's time, and a
+    caller who must not race a tick untracks with ``wait=True``. Nobody else
+    can send the messages that jump: the reference refuses them.
+    """
+
+    def __init__(self, urgent: tuple[type, ...] = ()) -> None:
+        super().__init__()
+        #: The manager's own messages, which jump the queue.
+        self.urgent = urgent or (Fired, Landed)
+        #: How many of the messages at the front jumped the queue.
+        self.front = 0
+        #: The envelope taken last: an ask whose answer comes later takes its reply.
+        self.current: Any = None
+        #: Set, under the queue's lock, as the manager begins to stop: a
+        #: message is then either in already (answered, or refused by the
+        #: manager's last pass over the mailbox) or refused here, never left unread.
+        self.closed = False
+
+    def _put(self, item: Any) -> None:
+        # queue.Queue's documented override point, called under its lock.
+        if self.closed:
+            raise pykka.ActorDeadError("the manager is stopping")
+        if type(item.message) in self.urgent:
+            self.queue.insert(self.front, item)
+            self.front += 1
+        else:
+            self.queue.append(item)
+
+    def _get(self) -> Any:
+        if self.front:
+            self.front -= 1
+        self.current = item = self.queue.popleft()
+        return item
+
+    def close(self) -> None:
+        """Refuse every message from now on."""
+        with self.mutex:
+            self.closed = True
+
+
+# -- the renewal thread -----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Flight:
+    """A renewal on its way: its batch, and what waits for its answer."""
+
+    due: list[str]
+    tokens: list[str]
+    #: The tick's time: the renewed locks' new stamp, in monotonic ms.
+    at: int
+    #: The oldest stamp of the batch, for the least margin a lock had.
+    oldest: int
+    #: The table's changes count when the batch was taken.
+    changes: int
+    #: How late the tick ran, in ms (0 off the grid).
+    late_ms: int
+    #: The locks of dead holders to delete first: ``(job_id, token)``.
+    release: list[tuple[str, str]]
+    #: Asked ticks to answer once the renewal's report was delivered.
+    replies: list[pykka.Future[Any]] = field(default_factory=list)
+
+
+class Renewals(threading.Thread):
+    """The thread a manager renews on: one batch at a time, each answer posted back.
+
+    Args:
+        name: The thread's name.
+        queue_name: The queue's name, for the span.
+        renewer: What renews.
+        lock_duration: The locks' TTL, for the span's margin.
+        clock: The manager's clock.
+        post: Puts a :class:`Landed` in the manager's mailbox.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        queue_name: str,
+        renewer: Renewer,
+        lock_duration: int,
+        clock: Callable[[], int],
+        post: Callable[[Landed], None],
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self._queue_name = queue_name
+        self._renewer = renewer
+        self._lock_duration = lock_duration
+        self._clock = clock
+        self._post = post
+        self._flights: queue.SimpleQueue[tuple[Flight, int] | None] = queue.SimpleQueue()
+
+    def send(self, flight: Flight, calls: int) -> None:
+        """Renew ``flight``'s batch (in ``calls`` script calls) and post the answer."""
+        self._flights.put((flight, calls))
+
+    def end(self) -> None:
+        """Finish the renewal on its way, then end; wait for it (not from the thread itself)."""
+        self._flights.put(None)
+        if self.ident is not None and threading.current_thread() is not self:
+            self.join()
+
+    def run(self) -> None:
+        """Say once whether the server answers, then renew each batch sent."""
+        probe = getattr(self._renewer, "probe", None)
+        if probe is not None:
+            with contextlib.suppress(Exception):
+                probe()
+        while (item := self._flights.get()) is not None:
+            flight, calls = item
+            started = time.perf_counter()
+            released = self._release(flight.release)
+            with tick_span(self._queue_name, len(flight.due)) as span:
+                outcome: BatchOutcome | BaseException
+                try:
+                    # The one round trip: the scripts module, one EVALSHA per chunk.
+                    answer: object = (
+                        self._renewer(flight.due, flight.tokens) if flight.due else None
+                    )
+                    if flight.due and not isinstance(answer, BatchOutcome):
+                        name = type(answer).__name__
+                        raise TypeError(f"the renewer returned {name}, not a BatchOutcome")
+                    outcome = answer if isinstance(answer, BatchOutcome) else BatchOutcome([], [])
+                except BaseException as exc:
+                    # Nothing is known to have run (see Books.apply).
+                    outcome = exc
+                try:
+                    answered = self._clock()
+                except BaseException:
+                    answered = flight.at
+                margin = self._lock_duration - (answered - flight.oldest)
+                if flight.due:
+                    span.record(outcome, calls, float(flight.late_ms), float(margin))
+            elapsed = (time.perf_counter() - started) * 1000
+            with contextlib.suppress(pykka.ActorDeadError):  # stopping: nobody is left to tell
+                self._post(Landed(outcome, answered, elapsed, released))
+
+    def _release(self, locks: list[tuple[str, str]]) -> int | BaseException:
+        release = getattr(self._renewer, "release", None)
+        if not locks or release is None:
+            return 0
+        try:
+            return int(release(locks))
+        except BaseException as exc:
+            return exc
+
+
+# -- the manager ------------------------------------------------------------------
+
+
+class LockManager(pykka.ThreadingActor):
     """Renews the locks of the jobs a worker holds on one queue.
 
     Start it with :func:`actors.start_link` (or ``LockManager.start(...)``
     with the same keywords). Talk to it with the module's helpers, with
-    ``ref.proxy()``, or with the messages of :mod:`actors.messages`.
+    ``ref.proxy()``, or with the messages of :mod:`actors.messages`. With
+    ``isolation="process"`` the same call starts the process-mode manager
+    (:class:`actors.process.ProcessLockManager`).
 
     Args: the keywords of :func:`actors.start_link`, which says what each one does.
 
@@ -74,6 +286,25 @@ class LockManager(Handlers, ProxyDoors, pykka.ThreadingActor):
     """
 
     use_daemon_thread = True
+
+    #: The manager class of each isolation mode but ``"thread"``.
+    _kinds: ClassVar[dict[str, type[LockManager]]] = {}
+
+    def __init_subclass__(cls, *, isolation: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if isolation is not None:
+            LockManager._kinds[require_isolation(isolation)] = cls
+
+    @classmethod
+    def start(cls, *args: Any, **kwargs: Any) -> ManagerRef:
+        """Start a manager of the ``isolation`` asked for; return its reference."""
+        if cls is LockManager:
+            kind = LockManager._kinds.get(require_isolation(kwargs.get("isolation", "thread")))
+            if kind is not None:
+                return kind.start(*args, **kwargs)
+        ref = super().start(*args, **kwargs)
+        assert isinstance(ref, ManagerRef)
+        return ref
 
     @staticmethod
     def _create_actor_inbox() -> queue.Queue[Any]:
@@ -98,15 +329,9 @@ class LockManager(Handlers, ProxyDoors, pykka.ThreadingActor):
         safety_margin: int | None = None,
         isolation: str = "thread",
     ) -> None:
-        super().__init__()
-        mailbox = self.actor_inbox
-        assert isinstance(mailbox, TicksFirst)
-        self._mailbox = mailbox
-        process = require_isolation(isolation) == "process"
-        if process:
-            check_process_options(lock_duration, renewer, clock, timer)
-        self._settings = settings = check_settings(
-            connection=None if process else connection,
+        if require_isolation(isolation) != "thread":
+            raise TypeError(f"start a manager of isolation={isolation!r} with start_link")
+        self._setup(
             keys=keys,
             lock_duration=lock_duration,
             lock_renew_time=lock_renew_time,
@@ -115,31 +340,91 @@ class LockManager(Handlers, ProxyDoors, pykka.ThreadingActor):
             on_error=on_error,
             max_batch=max_batch,
             max_hold=max_hold,
-            renewer=InChild() if process else renewer,
             clock=clock,
             timer=timer,
             safety_margin=safety_margin,
         )
-        self._timing = timing = settings.timing
+        if renewer is None:
+            if connection is None:
+                raise TypeError("connection is required (a redis.Redis, a RedisCluster or a URL)")
+            renewer = RedisRenewer(
+                connection, keys, self._timing, self.safety_margin, self._max_batch
+            )
+        elif connection is not None:
+            raise TypeError("pass connection or renewer, not both")
+        elif not callable(renewer):
+            raise TypeError(f"renewer must be callable, got {type(renewer).__name__}")
+        self._renewer = renewer
+        self._renewals = Renewals(
+            f"LockManager-renewal-{self.queue_name}",
+            self.queue_name,
+            renewer,
+            self._timing.lock_duration,
+            self.clock,
+            self._post,
+        )
+        #: The renewal on its way, if any, and the tick that waits for it to land.
+        self._flight: Flight | None = None
+        self._waiting: tuple[int | None, list[pykka.Future[Any]]] | None = None
+
+    def _setup(
+        self,
+        *,
+        keys: QueueKeys,
+        lock_duration: int,
+        lock_renew_time: int | None,
+        on_lock_renewal_failed: Callable[[list[LostLock]], object] | None,
+        on_locks_renewed: Callable[[list[str]], object] | None,
+        on_error: Callable[[Exception], object] | None,
+        max_batch: int,
+        max_hold: int | None,
+        clock: Callable[[], int] | None,
+        timer: TimerFactory | None,
+        safety_margin: int | None,
+        validity: Callable[[str, int, int], Validity] | None = None,
+    ) -> None:
+        """Check the keywords both modes share and build what both keep (in the caller's thread)."""
+        super().__init__()
+        if not isinstance(keys, QueueKeys):
+            raise TypeError(f"keys must be a QueueKeys, got {type(keys).__name__}")
+        self._timing = timing = Timing(lock_duration, lock_renew_time)
         #: The default safety margin of a watched lock, in milliseconds.
-        self.safety_margin = settings.safety_margin
-        self._max_hold = settings.max_hold
-        self._renewer = settings.renewer
-        self._reporter = Reporter(keys, timing, on_lock_renewal_failed, on_locks_renewed, on_error)
+        self.safety_margin = (
+            default_safety_margin(timing)
+            if safety_margin is None
+            else check_safety_margin(safety_margin, timing)
+        )
+        for name, callback in (
+            ("on_lock_renewal_failed", on_lock_renewal_failed),
+            ("on_locks_renewed", on_locks_renewed),
+            ("on_error", on_error),
+            ("clock", clock),
+            ("timer", timer),
+        ):
+            require_callback(callback, name)
+        if clock is not None and (isinstance(probe := clock(), bool) or not isinstance(probe, int)):
+            raise TypeError(
+                f"clock must return int milliseconds (as time.monotonic_ns() // 1_000_000), "
+                f"got {type(probe).__name__}"
+            )
+        self._max_hold = (
+            None if max_hold is None else require_int(max_hold, "max_hold", maximum=MAX_DURATION_MS)
+        )
+        self._max_batch = require_int(max_batch, "max_batch")
+        self.keys = keys
         self.queue_name = keys.name
         self.clock: Callable[[], int] = clock or monotonic_ms
         self._make_timer: TimerFactory = timer or self._thread_timer
-        self.thread: threading.Thread | None = None
-        self._jobs = JobTable(timing.lock_duration, self.safety_margin)
-        #: The recently lost locks: each holder is told of a loss once, however
-        #: often it tracks the same lock again, and the lock is not renewed again.
-        self._lost = LostLocks()
-        #: Who to tell of a lost lock, told once the step at hand is done.
-        self._notes: list[Note] = []
+        mailbox = self.actor_inbox
+        assert isinstance(mailbox, TicksFirst)
+        self._mailbox: TicksFirst = mailbox
+        self._books = Books(timing.lock_duration, self.safety_margin, validity)
+        self._reporter = Reporter(keys, timing, on_lock_renewal_failed, on_locks_renewed, on_error)
+        #: The thread user code runs on.
+        self.delivery = self._reporter.thread
         self._alarm = Alarm(keys.name, self.clock, timing.interval)
-        #: With ``isolation="process"``, the child that renews; the job table
-        #: then mirrors its claims.
-        self._link = link_for(self, connection, keys, settings) if process else None
+        #: The manager's own thread, once it has started.
+        self.thread: threading.Thread | None = None
         # The reference every caller gets: it checks each door in the
         # caller's thread (see actors.ref); pykka offers no other hook.
         self._actor_ref = ManagerRef(self, self)
@@ -148,17 +433,27 @@ class LockManager(Handlers, ProxyDoors, pykka.ThreadingActor):
         return ThreadTimer(fire, name, self.clock)
 
     def trusted_for(self, safety_margin: int | None = None) -> int:
-        """Return how long a watched lock is trusted after a confirmed renewal's send, in ms."""
-        return self._settings.trusted_for(safety_margin)
+        """Return how long a watched lock is trusted after a confirmed renewal's send, in ms.
+
+        Thread-safe: it reads only what never changes.
+
+        Raises:
+            TypeError: ``safety_margin`` is not an ``int``.
+            ValueError: It is negative, or leaves less than one interval.
+        """
+        timing = self._timing
+        if safety_margin is None:
+            return timing.lock_duration - self.safety_margin
+        return timing.lock_duration - check_safety_margin(safety_margin, timing)
+
+    # -- life -----------------------------------------------------------------------
 
     def on_start(self) -> None:
-        """Arm the timer for the first tick."""
+        """Start the delivery and renewal threads, and arm the timer for the first tick."""
         self.thread = threading.current_thread()
-        if self._link is not None:
-            self._link.start()
-            return
+        self.delivery.start()
         try:
-            self._alarm.start(self._make_timer(self._fire, f"LockManager-timer-{self.queue_name}"))
+            self._start_renewing()
         except BaseException:
             self._shutdown()
             raise
@@ -169,8 +464,12 @@ class LockManager(Handlers, ProxyDoors, pykka.ThreadingActor):
             self._timing.interval,
         )
 
+    def _start_renewing(self) -> None:
+        self._renewals.start()
+        self._alarm.start(self._make_timer(self._fire, f"LockManager-timer-{self.queue_name}"))
+
     def on_stop(self) -> None:
-        """Tell every job that asked to be told, and release the timer and the client."""
+        """Tell every watcher that nobody renews its lock now; end the threads, close the client."""
         self._shutdown()
         logger.debug("LockManager for queue %r stopped", self.queue_name)
 
@@ -179,33 +478,76 @@ class LockManager(Handlers, ProxyDoors, pykka.ThreadingActor):
         self._shutdown()
 
     def _shutdown(self) -> None:
-        # From here on every sender is refused (see actors.stopping).
+        # From here on every sender is refused.
         self._mailbox.close()
-        self._notes.extend(stopping.let_go(self._jobs).notes)
-        asks = stopping.refuse_the_rest(self._mailbox, self._notes, self._lost)
-        self._deliver()
-        stopping.answer_stopped(asks, self.queue_name)
-        parts = {
-            "timer": self._alarm.close(),
-            "renewer": self._renewer,
-            "child process": self._link,
-        }
-        stopping.close_quietly(self.queue_name, parts)
+        report = Report()
+        self._books.let_go(report)
+        asks = self._refuse_the_rest(report)
+        self._reporter.send(report)
+        self.delivery.end()
+        error = ManagerStopped(f"LockManager for queue {self.queue_name!r} is stopped")
+        for reply in asks:
+            reply.set_exception((ManagerStopped, error, None))
+        self._close_parts()
 
-    def _fire(self, scheduled: int) -> None:
-        tick = m.ExtendLocks(scheduled)
-        # One timer thread, and the next fire is armed only by this tick's
-        # handling: at most one tick is ever marked to go first.
-        self._mailbox.tick = tick
-        self.actor_ref.tell(tick)
+    def _close_parts(self) -> None:
+        flight, self._flight = self._flight, None
+        waiting, self._waiting = self._waiting, None
+        for reply in [*(flight.replies if flight else []), *(waiting[1] if waiting else [])]:
+            reply.set(None)  # the tick ran, or had nothing to renew that still matters
+        _close_quietly(self.queue_name, "timer", self._alarm.close())
+        _close_quietly(self.queue_name, "renewal thread", self._renewals, "end")
+        _close_quietly(self.queue_name, "renewer", self._renewer)
+
+    def _refuse_the_rest(self, report: Report) -> list[pykka.Future[Any]]:
+        """Take what is left in the mailbox; return the asks among it, to answer as stopped.
+
+        A ``TrackJob`` whose target was not told yet gets a ``"manager_stopped"``:
+        nobody renews its lock. A second stop is answered ``None``, as pykka does.
+        """
+        told = {(id(target), message.job_id) for target, message in report.tells}
+        lost = self._books.lost
+        asks: list[pykka.Future[Any]] = []
+        while True:
+            try:
+                envelope = self._mailbox.get_nowait()
+            except queue.Empty:
+                return asks
+            message = envelope.message
+            if type(message) is m.TrackJob and message.notify is not None:
+                target, job_id, token = message.notify, message.job_id, message.token
+                if (id(target), job_id) not in told and not lost.was_told(job_id, token, target):
+                    told.add((id(target), job_id))
+                    report.tells.append((target, LockLost(job_id, token, MANAGER_STOPPED)))
+            if envelope.reply_to is None:
+                continue
+            if type(message) is _ActorStop:
+                envelope.reply_to.set(None)
+            else:
+                asks.append(envelope.reply_to)
+
+    def _fire(self, at: int) -> None:
+        # On the timer's thread: the fire jumps the queue (see TicksFirst).
+        self._mailbox.put(Envelope(Fired(at), reply_to=None))
+
+    def _post(self, landed: Landed) -> None:
+        # On the renewal thread: the answer jumps the queue too.
+        self._mailbox.put(Envelope(landed, reply_to=None))
+
+    # -- messages -------------------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
         """Handle one message; a malformed or unknown one is logged and dropped."""
+        handler = self._handlers.get(type(message))
         try:
-            if self._link is not None:
-                # Forwarded; an ask the child answers takes its envelope along.
-                return self._link.receive(message, self._mailbox.current)
-            return self.handle(message)
+            if handler is None:
+                logger.warning(
+                    "LockManager for queue %r ignored an unknown %s message",
+                    self.queue_name,
+                    type(message).__name__,
+                )
+                return None
+            return handler(self, message)
         except BaseException:
             # A BaseException too: left to pykka, it would stop every actor
             # of the process. Only the type is named: a repr is the sender's
@@ -218,131 +560,247 @@ class LockManager(Handlers, ProxyDoors, pykka.ThreadingActor):
             )
             return None
 
-    def handle(self, message: Any) -> Any:
-        """Handle ``message`` on the calling thread, which must be the manager's."""
-        if self._link is not None:
-            return self._link.handle(message)
-        return self._dispatch(message)
+    def _reply_later(self) -> pykka.Future[Any] | None:
+        """Take the current ask's reply, to set it later; ``None`` for a tell."""
+        envelope = self._mailbox.current
+        reply: pykka.Future[Any] | None = envelope.reply_to
+        envelope.reply_to = None  # pykka then sets nothing
+        return reply
 
-    def _dispatch(self, message: Any) -> Any:
-        # One dict lookup: tracks arrive by the hundred thousand.
-        handler = _HANDLERS.get(type(message))
-        if handler is None:
-            logger.warning(
-                "LockManager for queue %r ignored an unknown %s message",
-                self.queue_name,
-                type(message).__name__,
-            )
+    def _on_track(self, message: m.TrackJob) -> Validity | None:
+        """``handle_cast({:track_job, job_id, token, ts})``: add the claim."""
+        job_id, notify = message.job_id, message.notify
+        margin = message.safety_margin
+        if margin is not None:
+            # Checked against this manager's windows.
+            margin = check_safety_margin(margin, self._timing)
+        now = self._alarm.now(message.ts or 0)
+        # A stamp is never later than now: a lock never looks younger than it is.
+        ts = now if message.ts is None or message.ts > now else message.ts
+        hold = self._max_hold if message.max_hold is None else message.max_hold
+        report = Report()
+        made = self._books.track(
+            job_id, message.token, ts, notify, hold, message.keep, margin, report, message.releasing
+        )
+        # Told at once: the old lock's targets learn it is another run's now.
+        self._reporter.send(report)
+        if not made or notify is None:
             return None
-        return handler(self, message)
+        validity = self._books.jobs.valid.get(job_id)
+        if validity is not None:
+            self._alarm.sooner(self._books.jobs.deadlines.earliest)
+        # The lock's validity, for a lease to read its deadline itself.
+        return validity
+
+    def _on_untrack(self, message: m.UntrackJob) -> None:
+        """``handle_cast({:untrack_job, job_id})``: end the caller's claims."""
+        self._books.untrack(message.job_id, message.token, message.notify)
+
+    def _on_count(self, _: m.GetActiveJobCount) -> int:
+        return len(self._books.jobs)
+
+    def _on_ids(self, _: m.GetTrackedJobIds) -> list[str]:
+        return self._books.jobs.ids()
+
+    def _on_is_tracked(self, message: m.IsTracked) -> bool:
+        return message.job_id in self._books.jobs
+
+    def _on_stats(self, _: m.GetStats) -> Stats:
+        counters = self._reporter.counters
+        return counters.snapshot(self.queue_name, len(self._books.jobs), self._alarm.now(0))
+
+    # -- the tick -------------------------------------------------------------------
 
     def _on_extend(self, message: m.ExtendLocks) -> None:
-        scheduled = recheck_scheduled(message)
-        if scheduled is None or not self._alarm.at_deadline(scheduled):
-            self._tick(scheduled)
-            return
-        # The timer's fire at a watched lock's deadline: tell who is past it, nothing else.
-        now = self._alarm.now(scheduled)
+        """``handle_info(:extend_locks)``: renew every due lock, then arm the next tick."""
+        reply = self._reply_later()
         try:
-            if self._jobs.valid:
-                self._reporter.lost(self._unconfirmed(now, max(0, now - scheduled)).lost)
-        finally:
-            self._alarm.rearm(self._jobs.deadlines)
-            self._deliver()
+            self._on_time(message.scheduled, reply)
+        except BaseException:
+            if reply is not None:
+                reply.set_exception()
+            raise
 
-    def _tick(self, scheduled: int | None) -> None:
-        """Let go of what is past its deadline, renew what is due, say what happened."""
-        counters = self._reporter.counters
-        counters.ticks += 1
-        times = self._alarm.times(scheduled)
-        if times is None:
+    def _on_fired(self, message: Fired) -> None:
+        self._on_time(message.at, None)
+
+    def _on_time(self, scheduled: int | None, reply: pykka.Future[Any] | None) -> None:
+        replies = [] if reply is None else [reply]
+        taken = self._alarm.take(scheduled)
+        if taken is None:
+            self._reporter.send(Report(), replies)
             return
-        now, at, on_grid = times
-        try:
-            if on_grid:
-                self._reporter.late(now - at)
-            if self._jobs.watches:
-                self._reporter.lost(self._take(deadlines.expire_holds(self._jobs, now)).lost)
-                if self._jobs.valid:
-                    self._reporter.lost(self._unconfirmed(now, now - at if on_grid else 0).lost)
-            due, tokens = self._jobs.due(at, self._timing.threshold)
-            if due:
-                started = time.perf_counter()
-                oldest = self._jobs.oldest(due)
-                calls = -(-len(due) // self._settings.max_batch)
-                with _telemetry.tick_span(self.queue_name, len(due)) as span:
-                    outcome: BatchOutcome | BaseException
-                    try:
-                        # The one round trip: actors.renewer, one EVALSHA per chunk.
-                        answer: object = self._renewer(due, tokens)
-                        if not isinstance(answer, BatchOutcome):
-                            name = type(answer).__name__
-                            raise TypeError(f"the renewer returned {name}, not a BatchOutcome")
-                        outcome = answer
-                    except BaseException as exc:
-                        # Nothing is known to have run (see actors.apply).
-                        outcome = exc
-                    # Read once the answer is back: the margin is never overstated.
-                    answered = self._alarm.now(now) if isinstance(outcome, BatchOutcome) else now
-                    tally = apply_outcome(self._jobs, due, tokens, outcome, at, answered, counters)
-                    self._take(tally)
-                    margin = self._timing.lock_duration - (answered - oldest)
-                    ran = calls if isinstance(outcome, BatchOutcome) else None
-                    span.record(tally, ran, counters.lateness_ms, margin)
-                counters.tick(len(due), calls, (time.perf_counter() - started) * 1000)
-                # Callbacks run after the span and the bookkeeping: their time
-                # is theirs, and whatever they do finds the manager consistent.
-                # The failed call took time: a deadline may have passed meanwhile.
-                # Looked at before the callbacks run: what a callback's time
-                # allows others to do (an untrack from another thread) the
-                # tick must not report.
-                late: list[LostLock] = []
-                if tally.failure is not None and self._jobs.valid:
-                    late = self._unconfirmed(self._alarm.now(now)).lost
-                self._reporter.renewal(tally, now, margin)
-                self._reporter.lost(late)
-        finally:
-            # Whatever happened above, the timer ticks again.
-            if on_grid:
-                self._alarm.advance(at, now, self._jobs.deadlines)
-            elif self._jobs.valid:
-                self._alarm.arm(self._jobs.deadlines)
-            self._deliver()
+        kind, now, at, late = taken
+        if kind == "deadline":
+            # The fire at a watched lock's deadline: tell who is past it, nothing else.
+            report = Report()
+            self._books.unconfirmed(now, report, why=self._why(late))
+            self._arm()
+            self._reporter.send(report, replies)
+            return
+        self._reporter.counters.ticks += 1
+        if kind == "grid":
+            self._reporter.late(now - at)
+            self._alarm.advance(at, now)
+        if self._flight is not None:
+            # One renewal at a time: this tick runs once the one on its way lands.
+            grid, waiting = self._waiting or (None, [])
+            self._waiting = (at if kind == "grid" else grid, waiting + replies)
+            self._arm()
+            return
+        self._renew(now, at, late, replies)
 
-    def _unconfirmed(self, now: int, late: int = 0) -> Tally:
-        paused = late if late > resolution_ms() else 0
-        return self._take(
-            deadlines.unconfirmed(self._jobs, now, self._reporter.counters, paused=paused)
+    def _renew(self, now: int, at: int, late: int, replies: list[pykka.Future[Any]]) -> None:
+        """Let go of what is past its limits, send what is due, say what was decided."""
+        books, jobs = self._books, self._books.jobs
+        report = Report()
+        orphans: list[tuple[str, str]] = []
+        if jobs.watches:
+            books.expire_holds(now, report)
+            orphans = self._bury(report)
+        if jobs.valid:
+            books.unconfirmed(now, report, why=self._why(late))
+        due, tokens = jobs.due(at, self._timing.threshold)
+        if due or orphans:
+            oldest = jobs.oldest(due) if due else at
+            flight = Flight(due, tokens, at, oldest, jobs.changes, late, orphans, replies)
+            self._flight = flight
+            self._renewals.send(flight, -(-len(due) // self._max_batch))
+            replies = []
+        self._arm()
+        # What was decided before the renewal is told now, not once it lands.
+        self._reporter.send(report, replies)
+
+    def _bury(self, report: Report) -> list[tuple[str, str]]:
+        """End the claims of the holders that died; return the locks no claim holds any more."""
+        ended, orphans = self._books.bury(report)
+        for job_id in ended:
+            logger.warning(
+                "LockManager for queue %r: a holder of job %r is no longer alive and did not "
+                "untrack it; its claim ends%s",
+                self.queue_name,
+                job_id,
+                "" if job_id in self._books.jobs else ", and its lock is deleted if still held",
+            )
+        return orphans
+
+    def _on_landed(self, landed: Landed) -> None:
+        flight, self._flight = self._flight, None
+        if flight is None:
+            return
+        if isinstance(landed.released, BaseException):
+            logger.warning(
+                "LockManager for queue %r: could not delete the locks of dead holders: %s: %s",
+                self.queue_name,
+                type(landed.released).__name__,
+                landed.released,
+            )
+        report = Report()
+        self._books.apply(
+            flight.due,
+            flight.tokens,
+            landed.outcome,
+            flight.at,
+            landed.answered,
+            report,
+            changes=flight.changes,
+            why=self._why(0),
         )
+        self._renewed(report, len(flight.due), flight, landed)
+        self._arm()
+        self._reporter.send(report, flight.replies)
+        if self._waiting is not None:
+            grid, replies = self._waiting
+            self._waiting = None
+            now = self._alarm.now(landed.answered)
+            at = now if grid is None else grid
+            self._renew(now, at, max(0, now - at) if grid is not None else 0, replies)
 
-    def _take(self, tally: Tally) -> Tally:
-        """Queue the tally's notes to deliver and remember its losses; return it."""
-        self._notes.extend(tally.notes)
-        for job_id, token, reason, claims in tally.ended:
-            self._lost.add(job_id, token, reason, claims)
-        return tally
+    def _renewed(self, report: Report, jobs: int, flight: Flight, landed: Landed) -> None:
+        """Count a renewal, and try again soon after a failed one."""
+        counters = self._reporter.counters
+        if jobs:
+            calls = -(-jobs // self._max_batch)
+            counters.batch(jobs, calls, landed.elapsed_ms)
+        margin = self._timing.lock_duration - (landed.answered - flight.oldest)
+        self._reporter.renewal(report, landed.answered, margin if jobs else None)
+        if report.error is None:
+            self._alarm.retry_at(None)
+            return
+        # The jobs of a failed renewal keep their stamps: a renew-now soon finds
+        # them due again, on a new connection, as soon as the server answers.
+        pause = min(self._timing.interval // 4, RETRY_MS << min(counters.failed_streak - 1, 16))
+        self._alarm.retry_at(landed.answered + max(1, pause))
 
-    def _tell_now(self, notes: list[Note]) -> None:
-        self._notes.extend(notes)
-        self._deliver()
+    def _arm(self) -> None:
+        jobs = self._books.jobs
+        self._alarm.arm(jobs.deadlines.earliest if jobs.valid else None)
 
-    def _deliver(self) -> None:
-        # Told only once the step's bookkeeping is done: a target that calls
-        # back in (untrack, track, queries) finds the manager consistent.
-        notes, self._notes = self._notes, []
-        self._reporter.tell(notes)
+    def _why(self, late_ms: int) -> str:
+        """What else a loss found now says: the ticks failed since, a pause of the process."""
+        facts = [self._reporter.counters.failures()]
+        if late_ms > resolution_ms():
+            facts.append(f"the manager did not run for {late_ms} ms past its timer (a pause)")
+        return "; ".join(filter(None, facts))
 
-    @property
-    def calling_back(self) -> bool:
-        """Whether the manager's thread runs user code now (a callback, a target's ``tell``)."""
-        return self._reporter.calling
+    # -- the doors of a pykka proxy ---------------------------------------------------
+    #
+    # pykka's proxy lists an actor's methods: one per operation, so that
+    # ``manager.proxy().track_job(...)`` exists. The reference turns each call
+    # into its message before it leaves the caller's thread; a body runs only
+    # if a message was handed to the actor some other way.
 
-    def put_before_ticks(self, envelope: Any) -> None:
-        """Put ``envelope`` in the mailbox, every tick after it (see ManagerRef.ask)."""
-        self._mailbox.put_before_ticks(envelope)
+    def track_job(self, *args: Any, **kwargs: Any) -> None:
+        """Renew a job's lock (see :class:`~actors.TrackJob`)."""
+        self.on_receive(m.TrackJob(*args, **kwargs))
+
+    def untrack_job(self, *args: Any, **kwargs: Any) -> None:
+        """End claims on a job's lock (see :class:`~actors.UntrackJob`)."""
+        self.on_receive(m.UntrackJob(*args, **kwargs))
+
+    def get_active_job_count(self) -> int:
+        """Return how many jobs are tracked."""
+        return len(self._books.jobs)
+
+    def get_tracked_job_ids(self) -> list[str]:
+        """Return the ids of the tracked jobs."""
+        return self._books.jobs.ids()
+
+    def is_tracked(self, job_id: str) -> bool:
+        """Return whether ``job_id`` is tracked."""
+        return job_id in self._books.jobs
+
+    def get_stats(self) -> Stats:
+        """Return a snapshot of the manager's counters."""
+        return self._on_stats(m.GetStats())
+
+    def extend_locks(self) -> None:
+        """Renew every due lock now; the timer's grid is left alone."""
+        self._on_time(None, None)
+
+    #: Each message's handler: an operation is a row here, its message and its helper.
+    _handlers: ClassVar[dict[type, Callable[[Any, Any], Any]]] = {
+        m.TrackJob: _on_track,
+        m.UntrackJob: _on_untrack,
+        m.GetActiveJobCount: _on_count,
+        m.GetTrackedJobIds: _on_ids,
+        m.IsTracked: _on_is_tracked,
+        m.GetStats: _on_stats,
+        m.ExtendLocks: _on_extend,
+        Fired: _on_fired,
+        Landed: _on_landed,
+    }
 
 
-#: Each message's handler, found through the one table of operations.
-_HANDLERS: dict[type, Callable[[LockManager, Any], Any]] = {
-    operation.message: getattr(LockManager, operation.handler) for operation in OPERATIONS
-}
+def _close_quietly(queue_name: str, what: str, part: object, method: str = "close") -> None:
+    """Call the part's ``close()`` (or ``method``), if it has one; log a failure, never raise."""
+    close = getattr(part, method, None)
+    if close is None:
+        return
+    try:
+        close()
+    except BaseException:
+        # Left to pykka, a BaseException here would stop every actor.
+        logger.warning(
+            "LockManager for queue %r: closing its %s failed", queue_name, what, exc_info=True
+        )

@@ -1,20 +1,20 @@
-"""The manager's reference: every door checked in the caller's thread.
+"""The manager's reference: every door checked in the caller's thread, every message answered.
 
 pykka hands out one ``ActorRef`` per actor; a manager's is a :class:`ManagerRef`.
 Everything that reaches the manager passes through its ``tell`` and ``ask`` —
 the module helpers, raw messages, and ``manager.proxy()`` calls, deferred or
 not — so this is where each door is made to behave the same:
 
-- what arrives is admitted by :func:`actors.admission.admit`: a proxy call
-  becomes its operation's message, checked in the caller's thread, and
+- what arrives is admitted by :func:`admit`: a proxy call becomes its
+  operation's message, built (and so checked) in the caller's thread, a
+  ``TrackJob`` without a time is stamped with the caller's clock, and
   anything else is refused there;
-- asked from the manager's own thread (a callback), a query is answered at
-  once from the state right there instead of waiting for itself forever;
 - a stopped manager says so (:class:`ManagerStopped`), and every message is
   either answered or refused: none is left in a mailbox nobody reads;
-- a stop asked for from any manager's thread (a callback) is sent, not waited
-  for, so managers whose callbacks stop one another cannot wait for each
-  other; and of several stops only the one the manager took returns ``True``;
+- of several stops only the one the manager took returns ``True``, and a
+  stop waits for the manager's threads, except from user code of a manager
+  (a callback), which waits for no delivery thread: managers whose
+  callbacks stop one another never wait for each other;
 - an answer is an :class:`Answer`, which calls back once it is set, so
   asyncio code awaits it without a thread waiting on it.
 """
@@ -22,65 +22,171 @@ not — so this is where each door is made to behave the same:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import sys
 import threading
 import time
-import weakref
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pykka
 from pykka._envelope import Envelope
-from pykka.messages import ProxyCall, ProxyGetAttr, _ActorStop
+from pykka.messages import ProxyCall, ProxyGetAttr, ProxySetAttr, _ActorStop
 
-from actors.admission import admit
-from actors.answer import Answer
-from actors.messages import ExtendLocks, UntrackJob
-from actors.operations import MESSAGES
+from actors.messages import BY_NAME, MESSAGES, TrackJob
+from actors.report import on_a_delivery_thread
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["Answer", "ManagerRef", "ManagerStopped", "on_a_manager_thread", "require_manager"]
+__all__ = ["Answer", "ManagerRef", "ManagerStopped", "admit", "require_manager"]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class ManagerStopped(pykka.ActorDeadError):
     """The manager is stopped: it tracks nothing and answers nothing."""
 
 
-#: Every manager's reference, to know a manager's thread when one calls.
-_managers: weakref.WeakSet[ManagerRef] = weakref.WeakSet()
-_managers_lock = threading.Lock()
+class Answer(pykka.ThreadingFuture[T]):
+    """A manager's answer to an ask: a pykka future that also calls back once set.
+
+    pykka's futures can only be waited on; a callback lets asyncio code (see
+    :mod:`actors.aio`) hear of the answer without a thread blocked on it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks_lock = threading.Lock()
+        self._callbacks: list[Callable[[Answer[T]], object]] | None = []
+
+    def set(self, value: Any | None = None) -> None:
+        """Set the answer, then run the callbacks (on the setting thread)."""
+        super().set(value)
+        self._settled()
+
+    def set_exception(self, exc_info: Any = None) -> None:
+        """Set the failure (``sys.exc_info()`` when ``None``), then run the callbacks."""
+        super().set_exception(sys.exc_info() if exc_info is None else exc_info)
+        self._settled()
+
+    def add_done_callback(self, callback: Callable[[Answer[T]], object]) -> None:
+        """Call ``callback(self)`` once the answer is set: at once if it is already.
+
+        It runs on the thread that sets the answer (the manager's, mostly):
+        keep it short. What it raises is logged.
+        """
+        with self._callbacks_lock:
+            if self._callbacks is not None:
+                self._callbacks.append(callback)
+                return
+        _call_back(callback, self)
+
+    def _settled(self) -> None:
+        with self._callbacks_lock:
+            callbacks, self._callbacks = self._callbacks or [], None
+        for callback in callbacks:
+            _call_back(callback, self)
 
 
-def on_a_manager_thread() -> bool:
-    """Whether the caller runs on any manager's own thread (in one of its callbacks)."""
-    current = threading.current_thread()
-    with _managers_lock:
-        refs = list(_managers)
-    return any(ref._core.thread is current for ref in refs)
+def _call_back(callback: Callable[[Answer[T]], object], answer: Answer[T]) -> None:
+    try:
+        callback(answer)
+    except Exception:
+        logger.warning("a callback of a LockManager's answer raised", exc_info=True)
 
 
-class _Core(Protocol):
-    """What the reference needs from its manager."""
+# -- what a manager lets in ------------------------------------------------------
+
+#: The attributes a proxy may read: values, none of the manager's machinery
+#: (its mailbox, its locks, its methods run from another thread).
+_READABLE = frozenset({"queue_name", "actor_urn", "use_daemon_thread"})
+#: Messages that need nothing done on their way in: they checked themselves.
+_PASS = frozenset(MESSAGES) - {TrackJob}
+#: What a proxy's ``stop()`` is forwarded as: built here, not the caller's.
+_STOP = ProxyCall(attr_path=("stop",), args=(), kwargs={})
+
+
+def admit(message: Any, clock: Callable[[], int]) -> Any:
+    """Return what goes on to the manager for ``message``, or raise.
+
+    Args:
+        message: What a caller sent: a message, or pykka's proxy or stop message.
+        clock: The manager's monotonic clock in milliseconds, to stamp a
+            ``TrackJob`` sent without a time.
+
+    Raises:
+        TypeError: Not a message the manager takes, or a proxy call with bad
+            arguments.
+        ValueError: A proxy call with values out of range.
+        AttributeError: A proxy call of something that is not an operation, a
+            read of something that is not a plain value, or any write.
+    """
+    kind = type(message)
+    if kind is TrackJob:
+        if message.ts is None:
+            return dataclasses.replace(message, ts=clock())
+        return message
+    if kind in _PASS or kind is _ActorStop:
+        return message
+    if kind is ProxyCall:
+        path = _path(message.attr_path)
+        args, kwargs = message.args, message.kwargs
+        if type(args) is not tuple or type(kwargs) is not dict:
+            raise TypeError(
+                "a proxy call's args must be a tuple and its kwargs a dict, got "
+                f"{type(args).__name__} and {type(kwargs).__name__}"
+            )
+        operation = BY_NAME.get(path[0]) if len(path) == 1 else None
+        if operation is not None:
+            return admit(operation(*args, **kwargs), clock)
+        if path == ("stop",):
+            if args or kwargs:
+                raise TypeError("stop() takes no arguments through a proxy")
+            return _STOP
+        raise AttributeError(
+            f"LockManager has no operation {'.'.join(path)!r} for a proxy to call; "
+            f"the operations are {', '.join(BY_NAME)}"
+        )
+    if kind is ProxySetAttr:
+        raise AttributeError("a LockManager's attributes cannot be set through a proxy")
+    if kind is ProxyGetAttr:
+        path = _path(message.attr_path)
+        if len(path) != 1 or path[0] not in _READABLE:
+            raise AttributeError(
+                f"a proxy can read only {', '.join(sorted(_READABLE))} of a LockManager, "
+                f"not {'.'.join(path)!r}"
+            )
+        return ProxyGetAttr(attr_path=path)
+    raise TypeError(
+        f"a LockManager takes its messages ({', '.join(m.__name__ for m in MESSAGES)}) "
+        f"or proxy calls, got {kind.__name__}"
+    )
+
+
+def _path(path: object) -> tuple[str, ...]:
+    """Return a proxy message's attribute path, as plain strings, or raise."""
+    if type(path) is not tuple or not path or not all(type(name) is str for name in path):
+        raise TypeError(f"a proxy message's path must be a tuple of str, got {type(path).__name__}")
+    return path
+
+
+# -- the reference ---------------------------------------------------------------
+
+
+class _Manager(Protocol):
+    """What the reference reads of its manager (none of it changes once started)."""
 
     queue_name: str
     clock: Callable[[], int]
     #: The manager's thread, once it has started.
     thread: threading.Thread | None
 
-    def handle(self, message: Any) -> Any:
-        """Handle ``message`` now, on the calling thread (the manager's own)."""
-        ...
-
     @property
-    def calling_back(self) -> bool:
-        """Whether the manager's thread runs user code now (a callback)."""
-        ...
-
-    def put_before_ticks(self, envelope: Any) -> None:
-        """Put ``envelope`` in the mailbox, every tick (queued or to come) after it."""
+    def delivery(self) -> threading.Thread:
+        """The thread its user code runs on."""
         ...
 
     def trusted_for(self, safety_margin: int | None = None) -> int:
@@ -91,25 +197,23 @@ class _Core(Protocol):
 class ManagerRef(pykka.ActorRef[Any]):
     """A :class:`~actors.LockManager`'s ``ActorRef``; use it as any pykka reference."""
 
-    def __init__(self, actor: Any, core: _Core) -> None:
+    def __init__(self, actor: Any, manager: _Manager) -> None:
         super().__init__(actor)
-        self._core = core
+        self._manager = manager
         self._warned = False
         #: Held while a stop is put in the mailbox, so the first one put is known.
         self._stop_lock = threading.Lock()
         self._stop_sent = False
-        with _managers_lock:
-            _managers.add(self)
 
     @property
     def clock(self) -> Callable[[], int]:
         """The manager's monotonic clock, in milliseconds: what ``ts`` is measured on."""
-        return self._core.clock
+        return self._manager.clock
 
     @property
     def queue_name(self) -> str:
         """The name of the queue the manager renews for."""
-        return self._core.queue_name
+        return self._manager.queue_name
 
     def trusted_for(self, safety_margin: int | None = None) -> int:
         """Return how long a watched lock is trusted after a confirmed renewal's send, in ms.
@@ -118,35 +222,7 @@ class ManagerRef(pykka.ActorRef[Any]):
             TypeError: ``safety_margin`` is not an ``int``.
             ValueError: It does not fit the manager's ``lock_duration``.
         """
-        return self._core.trusted_for(safety_margin)
-
-    def on_own_thread(self) -> bool:
-        """Whether the caller runs on the manager's own thread (in a callback)."""
-        return threading.current_thread() is self._core.thread
-
-    def busy_calling_back(self) -> bool:
-        """Whether the manager's thread runs user code now, and the caller is another thread.
-
-        Such a caller must not wait for the manager: the user code may be
-        waiting for it.
-        """
-        return self._core.calling_back and not self.on_own_thread()
-
-    def stopped_error(self) -> ManagerStopped:
-        """The error a stopped manager answers with."""
-        return ManagerStopped(f"LockManager for queue {self.queue_name!r} is stopped")
-
-    def ignored(self, what: str) -> None:
-        """Say, once per manager, that ``what`` was sent to it after it stopped."""
-        if self._warned:
-            return
-        self._warned = True
-        logger.warning(
-            "LockManager for queue %r is stopped: %s ignored (and any more sent to it); "
-            "start a new manager",
-            self.queue_name,
-            what,
-        )
+        return self._manager.trusted_for(safety_margin)
 
     def tell(self, message: Any) -> None:
         """Send ``message``; checks it in this thread first.
@@ -157,63 +233,39 @@ class ManagerRef(pykka.ActorRef[Any]):
             AttributeError: A proxy call of something that is not an operation.
             ManagerStopped: The manager is stopped.
         """
-        message = admit(message, self._core.clock)
+        message = admit(message, self._manager.clock)
         try:
             # The manager's mailbox refuses a message once it begins to stop.
             self._put(message, None)
         except pykka.ActorDeadError:
-            raise self.stopped_error() from None
+            raise self._stopped() from None
 
     def ask(self, message: Any, *, block: bool = True, timeout: float | None = None) -> Any:
         """Send ``message`` and return the answer (or its future with ``block=False``).
-
-        From the manager's own thread a query is answered at once; waiting for
-        a tick there would wait forever, so it raises instead.
 
         Raises:
             TypeError: A proxy call or message with bad arguments.
             ValueError: Likewise, for values out of range.
             AttributeError: A proxy call of something that is not an operation.
-            RuntimeError: A tick asked for from the manager's own thread.
+            RuntimeError: Asked from the manager's own thread, which would
+                wait for itself (a ``clock`` or ``timer`` seam that asks).
             ManagerStopped: The manager is stopped (raised by ``get`` when
                 ``block=False``).
             pykka.Timeout: No answer within ``timeout`` seconds.
         """
-        message = admit(message, self._core.clock)
-        if self.on_own_thread():
-            if isinstance(message, ExtendLocks):
-                raise RuntimeError(
-                    "a LockManager cannot wait for its own tick from its own thread (a "
-                    "callback); tell it ExtendLocks() instead"
-                )
-            if isinstance(message, MESSAGES):
-                return _answer(self._core.handle(message), block)
-            if isinstance(message, ProxyGetAttr):
-                return _answer(getattr(self._core, message.attr_path[0]), block)
-            if isinstance(message, ProxyCall):  # stop(): after the current message
-                self.tell(message)
-                return _answer(None, block)
-            if block:
-                raise RuntimeError(
-                    f"a LockManager cannot wait for its own answer to {message!r} from its "
-                    "own thread (a callback)"
-                )
-        if isinstance(message, UntrackJob) and self.busy_calling_back():
-            # The manager's thread is in user code, which may be waiting for
-            # this very caller (a callback's blocking stop of an actor whose
-            # on_stop untracks): waiting here would wait forever. Put it in
-            # order with every other message, but ahead of every tick, and
-            # answer now: no later tick finds the lock gone before the untrack.
-            with contextlib.suppress(pykka.ActorDeadError):  # stopping: it tracks nothing now
-                self._core.put_before_ticks(Envelope(message, reply_to=None))
-            return _answer(None, block)
+        message = admit(message, self._manager.clock)
+        if threading.current_thread() is self._manager.thread:
+            raise RuntimeError(
+                f"a LockManager cannot wait for its own answer to a {type(message).__name__} "
+                "on its own thread; tell it instead"
+            )
         future: Answer[Any] = Answer()
         try:
-            # Answered, failed by pykka's last pass over the mailbox, or
+            # Answered, failed by the manager's last pass over its mailbox, or
             # refused by the mailbox of a manager that is stopping.
             self._put(message, future)
         except pykka.ActorDeadError:
-            return _failure(self.stopped_error(), block)
+            future.set_exception((ManagerStopped, self._stopped(), None))
         if not block:
             return future
         try:
@@ -221,15 +273,15 @@ class ManagerRef(pykka.ActorRef[Any]):
         except ManagerStopped:
             raise
         except pykka.ActorDeadError:
-            raise self.stopped_error() from None
+            raise self._stopped() from None
 
     def stop(self, block: bool = True, timeout: float | None = None) -> Any:
         """Stop the manager; with ``block``, return once it is fully stopped.
 
-        Safe from any thread, several at once. From any manager's own thread
-        (a callback of this manager or of another) it sends the stop and
-        returns at once: this manager then stops after its current message,
-        and no manager waits for another that may be waiting for it.
+        Safe from any thread, several at once. From user code of any manager
+        (a callback of this manager or of another) it waits for the manager's
+        own thread only, not for its delivery thread, so managers whose
+        callbacks stop one another never wait for each other.
 
         Returns:
             ``True`` for exactly one call, the one whose stop the manager
@@ -250,28 +302,43 @@ class ManagerRef(pykka.ActorRef[Any]):
             stopped: pykka.ThreadingFuture[bool] = pykka.ThreadingFuture()
             stopped.set_get_hook(lambda wait: _after(reply, wait, first))
             return stopped
-        if self.on_own_thread() or on_a_manager_thread():
-            return first
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def left() -> float | None:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
+        threads = [self._manager.thread]
+        if not on_a_delivery_thread():
+            threads.append(self._manager.delivery)
         try:
-            # Answered (the stop, or pykka's last pass over the mailbox) or
+            # Answered (the stop, or the last pass over the mailbox) or
             # refused (another stop came first): never left waiting.
             _after(reply, left(), first)
-            thread = self._core.thread
-            if thread is not None:
-                # Fully stopped: its thread, and pykka's work on it, has ended.
-                thread.join(left())
-                if thread.is_alive():
-                    raise pykka.Timeout(f"{timeout} seconds")
+            for thread in threads:
+                if thread is not None and thread.ident is not None:
+                    thread.join(left())
+                    if thread.is_alive():
+                        raise pykka.Timeout(f"{timeout} seconds")
         except pykka.Timeout:
             raise pykka.Timeout(
                 f"LockManager for queue {self.queue_name!r} did not stop within {timeout} s"
             ) from None
         return first
+
+    def _stopped(self) -> ManagerStopped:
+        return ManagerStopped(f"LockManager for queue {self.queue_name!r} is stopped")
+
+    def _ignored(self, what: str) -> None:
+        """Say, once per manager, that ``what`` was sent to it after it stopped."""
+        if self._warned:
+            return
+        self._warned = True
+        logger.warning(
+            "LockManager for queue %r is stopped: %s ignored (and any more sent to it); "
+            "start a new manager",
+            self.queue_name,
+            what,
+        )
 
     def _put(self, message: Any, reply: pykka.Future[Any] | None) -> None:
         """Put ``message`` in the mailbox, as pykka's ``tell`` and ``ask`` do.
@@ -322,19 +389,3 @@ def _after(reply: pykka.Future[Any], timeout: float | None, first: bool) -> bool
     with contextlib.suppress(pykka.ActorDeadError):
         reply.get(timeout=timeout)
     return first
-
-
-def _answer(value: Any, block: bool) -> Any:
-    if block:
-        return value
-    future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
-    future.set(value)
-    return future
-
-
-def _failure(error: Exception, block: bool) -> Any:
-    if block:
-        raise error
-    future: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
-    future.set_exception((type(error), error, None))
-    return future

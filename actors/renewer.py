@@ -1,107 +1,77 @@
-"""The renewer every manager uses unless told otherwise: the shared script on Redis.
+"""The renewer seam: what a manager renews through, and what a renewal returns.
 
-:class:`RedisRenewer` fills the seam of :mod:`actors.outcome`: a manager's
-tick calls it, and it sends the batch's EVALSHA calls in one round trip
-(:func:`actors.evalsha.run_chunks`), then reads back the locks reported lost
-(:func:`actors.readback.classify_failed`). :class:`~actors.outcome.Renewer`
-and :class:`~actors.outcome.BatchOutcome` stay importable from here.
+A manager renews through a :class:`Renewer`: given due ids and their tokens,
+renew what is still held and say what happened, as a :class:`BatchOutcome`.
+Partial failure is a value, not an exception: the chunks that ran stand
+beside the ones that did not. :class:`~actors.scripts.RedisRenewer`, the
+shared script on Redis, is the one every manager uses unless told
+otherwise; another backend (or a test's in-memory lock table) plugs in
+through ``start_link(renewer=...)``.
 """
 
 from __future__ import annotations
 
-import logging
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
-import redis
-
-from actors.connection import check_client, client_for_url, unreachable_message
-from actors.evalsha import DEFAULT_MAX_BATCH, run_chunks
-from actors.outcome import BatchOutcome, Renewer
-from actors.readback import classify_failed
-from actors.schedule import check_lock_duration
-from actors.validation import require_batch, require_int
+from redis.exceptions import RedisError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from actors.connection import Client
-    from actors.keys import QueueKeys
+    from actors.messages import Reason
 
-__all__ = ["BatchOutcome", "RedisRenewer", "Renewer"]
-
-logger = logging.getLogger("actors.lock_manager")
+__all__ = ["BatchOutcome", "ChunkError", "Renewer", "UnconfirmedLossError"]
 
 
-class RedisRenewer:
-    """Renews with ``extendLocks-1.lua`` on one server or a cluster.
+@dataclass(frozen=True, slots=True)
+class ChunkError:
+    """A script call of a batch that the server did not run."""
 
-    Args:
-        connection: A ``redis.Redis`` or ``redis.RedisCluster`` client, or a
-            Redis URL (a client is then built whose failed command ends within
-            a quarter of the interval, and closed with the renewer).
-        keys: The queue's keys.
-        lock_duration: The TTL each renewal sets, in milliseconds.
-        interval_ms: The manager's tick interval, which bounds a failed call.
-        max_batch: Most ids per script call; a batch's calls share one round trip.
+    #: Index of the chunk's first job in the batch.
+    start: int
+    #: Index one past the chunk's last job.
+    stop: int
+    #: What the server or the connection answered.
+    error: Exception
 
-    Raises:
-        TypeError: ``connection`` is not a client or a URL; ``max_batch`` is
-            not an ``int``.
-        ValueError: ``max_batch`` is not positive, ``lock_duration`` is under
-            :data:`~actors.schedule.MIN_REDIS_LOCK_DURATION`, the client's
-            encoding is not UTF-8, or a cluster client was given for keys that
-            cannot share one slot.
+
+@dataclass(frozen=True, slots=True)
+class BatchOutcome:
+    """What one batched renewal did."""
+
+    #: Ids whose lock was gone or held by another token (chunks that ran).
+    failed: list[str]
+    #: Chunks that did not run; their jobs' locks are in an unknown state.
+    errors: list[ChunkError]
+    #: Why each failed id lost its lock: ``"stolen"`` or ``"expired"``.
+    reasons: dict[str, Reason] = field(default_factory=dict)
+
+
+class UnconfirmedLossError(RedisError):
+    """The script found no lock, yet a read-back finds it held with the job's token.
+
+    It happens while a cluster slot migrates (the script ran where only part
+    of the slot's keys were), or when the read-back itself failed. The job
+    stays tracked and the next tick tries it again.
     """
 
-    def __init__(
-        self,
-        connection: Client | str,
-        keys: QueueKeys,
-        lock_duration: int,
-        interval_ms: int,
-        max_batch: int = DEFAULT_MAX_BATCH,
-    ) -> None:
-        self._max_batch = require_int(max_batch, "max_batch")
-        check_lock_duration(lock_duration)
-        self._owns = isinstance(connection, str)
-        conn: Any = (
-            client_for_url(connection, interval_ms=interval_ms)
-            if isinstance(connection, str)
-            else connection
-        )
-        check_client(conn, keys, interval_ms)
-        self.connection: Client = conn
-        self.keys = keys
-        self.lock_duration = lock_duration
-        self._told_unreachable = False
 
-    @property
-    def max_batch(self) -> int:
-        """Most ids per script call."""
-        return self._max_batch
+class Renewer(Protocol):
+    """Renews a batch of locks for one manager, on the manager's thread."""
 
     def __call__(self, job_ids: Sequence[str], tokens: Sequence[str]) -> BatchOutcome:
-        """Renew ``job_ids`` held with ``tokens`` in one round trip."""
-        # Every id and token was checked when the job was tracked.
-        require_batch(job_ids, tokens, self.lock_duration, each=False)
-        if not job_ids:
-            return BatchOutcome([], [])
-        conn, keys = self.connection, self.keys
-        try:
-            outcome = run_chunks(conn, keys, job_ids, tokens, self.lock_duration, self._max_batch)
-            if outcome.failed:
-                outcome = classify_failed(conn, keys, job_ids, tokens, outcome)
-            return outcome
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            # Once, at the first failure: where the server was looked for and
-            # what to check. The tick's own error line follows, every streak.
-            if not self._told_unreachable:
-                self._told_unreachable = True
-                logger.error("%s", unreachable_message(self.connection, self.keys.name, exc))
-            raise
+        """Renew ``job_ids`` held with ``tokens``.
+
+        Returns:
+            The ids whose lock is lost (with their reasons, when known), and
+            the parts of the batch whose state is unknown.
+
+        Raises:
+            Exception: Nothing is known to have run; every job is retried.
+        """
+        ...
 
     def close(self) -> None:
-        """Close the client if the renewer built it from a URL."""
-        if self._owns:
-            self._owns = False
-            self.connection.close()
+        """Release what the renewer owns; called once when the manager stops."""
+        ...

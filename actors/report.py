@@ -1,30 +1,38 @@
-"""What a manager tells the world about its ticks: counters, log lines, callbacks, targets.
+"""What a manager tells the world: counters, log lines, and user code on a thread of its own.
 
 The manager decides (what is due, what is lost); the :class:`Reporter` says
-so, in three ways at once: it counts (for ``get_stats``), it logs (with the
+so. On the manager's thread it counts (for ``get_stats``) and logs (with the
 queue's name in every line, a traceback only on the first failure of a
-streak), and it calls the user's callbacks and tells each lost lock's
-targets, guarded so that nothing they raise reaches the actor.
+streak). Then it hands the step's :class:`~actors.books.Report` to the
+manager's delivery thread, which calls the user's callbacks and tells each
+lost lock's targets, in the order the reports were made. No user code runs
+on the manager's thread: whatever a callback does (query the manager, untrack
+and wait, stop a job actor that leaves a lease, stop the manager) finds the
+manager whole, and cannot keep it from renewing.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from actors.lost import EXPIRED
-from actors.stats import Counters
-from actors.timer import resolution_ms
+import pykka
+
+from actors.messages import EXPIRED
+from actors.timing import resolution_ms
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from actors.books import Report
     from actors.keys import QueueKeys
-    from actors.lost import LostLock
-    from actors.schedule import Timing
-    from actors.tally import Note, Tally
+    from actors.messages import LostLock
+    from actors.timing import Timing
 
-__all__ = ["Reporter"]
+__all__ = ["Counters", "DeliveryThread", "Reporter", "Stats"]
 
 logger = logging.getLogger("actors.lock_manager")
 
@@ -32,8 +40,162 @@ logger = logging.getLogger("actors.lock_manager")
 _SHOWN = 20
 
 
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """A snapshot of one manager's counters, from :func:`actors.get_stats`."""
+
+    #: Queue name the manager renews for.
+    queue: str
+    #: Ticks handled so far (the timer's and manual ones), with or without due jobs.
+    ticks: int
+    #: Lock renewals that succeeded, counted per job.
+    renewed: int
+    #: Jobs reported lost (lock gone, held by another token, or held past ``max_hold``).
+    lost: int
+    #: Ticks whose Redis call failed, in whole or in part.
+    errors: int
+    #: Script calls the ticks sent or tried to send (one per ``max_batch``
+    #: due jobs, counted even when the connection failed).
+    script_calls: int
+    #: Jobs tracked now.
+    tracked: int
+    #: Due jobs the last renewing tick sent; ``0`` before the first one.
+    last_batch: int
+    #: Duration of the last renewing tick (the round trip and the bookkeeping,
+    #: not the callbacks), in milliseconds.
+    last_tick_ms: float
+    #: Duration of the longest renewing tick so far, in milliseconds.
+    max_tick_ms: float
+    #: Milliseconds since the last tick that renewed at least one lock,
+    #: on the monotonic clock; ``None`` before the first one.
+    last_renewal_age_ms: float | None
+    #: How late the last timer tick ran against its grid time, in milliseconds.
+    tick_lateness_ms: float = 0.0
+    #: How late the latest-running timer tick so far ran, in milliseconds.
+    max_tick_lateness_ms: float = 0.0
+    #: The least time a lock had left when it was renewed (how close a lock
+    #: came to expiring), in milliseconds, measured when the renewal's answer
+    #: came back (never overstated); ``None`` before the first renewal.
+    min_lock_margin_ms: float | None = None
+
+
+class Counters:
+    """The running counts behind :class:`Stats`, kept on the manager's thread."""
+
+    __slots__ = (
+        "errors",
+        "failed_streak",
+        "last_batch",
+        "last_error",
+        "last_renewal",
+        "last_tick_ms",
+        "lateness_ms",
+        "lost",
+        "max_lateness_ms",
+        "max_tick_ms",
+        "min_margin_ms",
+        "renewed",
+        "script_calls",
+        "ticks",
+    )
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.renewed = 0
+        self.lost = 0
+        self.errors = 0
+        self.script_calls = 0
+        self.last_batch = 0
+        self.last_tick_ms = 0.0
+        self.max_tick_ms = 0.0
+        #: Monotonic ms of the last tick that renewed a lock.
+        self.last_renewal: int | None = None
+        self.lateness_ms = 0.0
+        self.max_lateness_ms = 0.0
+        self.min_margin_ms: float | None = None
+        #: Ticks whose Redis call failed since the last one that worked.
+        self.failed_streak = 0
+        #: The last failed tick's error, as ``"Type: message"``, or ``""``.
+        self.last_error = ""
+
+    def batch(self, jobs: int, calls: int, elapsed_ms: float) -> None:
+        """Count one renewing tick: how many jobs it sent, in how many calls, how long it took."""
+        self.script_calls += calls
+        self.last_batch = jobs
+        self.last_tick_ms = elapsed_ms
+        self.max_tick_ms = max(self.max_tick_ms, elapsed_ms)
+
+    def margin(self, margin_ms: float) -> None:
+        """Record the least time a renewed lock had left."""
+        if self.min_margin_ms is None or margin_ms < self.min_margin_ms:
+            self.min_margin_ms = margin_ms
+
+    def failures(self) -> str:
+        """Say how many ticks failed since the last that worked, and with what; ``""`` if none."""
+        if not self.failed_streak:
+            return ""
+        return f"{self.failed_streak} tick(s) failed since, the last with {self.last_error}"
+
+    def snapshot(self, queue: str, tracked: int, now: int) -> Stats:
+        """Return the counts as a :class:`Stats`, ``now`` in monotonic ms."""
+        last = self.last_renewal
+        return Stats(
+            queue=queue,
+            ticks=self.ticks,
+            renewed=self.renewed,
+            lost=self.lost,
+            errors=self.errors,
+            script_calls=self.script_calls,
+            tracked=tracked,
+            last_batch=self.last_batch,
+            last_tick_ms=self.last_tick_ms,
+            max_tick_ms=self.max_tick_ms,
+            last_renewal_age_ms=None if last is None else float(now - last),
+            tick_lateness_ms=self.lateness_ms,
+            max_tick_lateness_ms=self.max_lateness_ms,
+            min_lock_margin_ms=self.min_margin_ms,
+        )
+
+
+class DeliveryThread(threading.Thread):
+    """The one thread a manager runs user code on: its callbacks, its targets' ``tell``.
+
+    Reports are delivered in the order they were made; a reply waiting for a
+    report (an asked ``ExtendLocks``) is set once the report is delivered.
+    """
+
+    def __init__(self, name: str, deliver: Callable[[Report], None]) -> None:
+        super().__init__(name=name, daemon=True)
+        self._deliver = deliver
+        self._queue: queue.SimpleQueue[tuple[Report, Sequence[pykka.Future[Any]]] | None]
+        self._queue = queue.SimpleQueue()
+
+    def put(self, report: Report, replies: Sequence[pykka.Future[Any]] = ()) -> None:
+        """Queue ``report``, and the replies to set once it is delivered."""
+        self._queue.put((report, replies))
+
+    def end(self) -> None:
+        """Deliver what is queued, then end."""
+        self._queue.put(None)
+
+    def run(self) -> None:
+        """Deliver each report, then set its reply; until :meth:`end`."""
+        while (item := self._queue.get()) is not None:
+            report, replies = item
+            try:
+                self._deliver(report)
+            finally:
+                for reply in replies:
+                    reply.set(None)
+
+
+def on_a_delivery_thread() -> bool:
+    """Whether the caller is user code of any manager (a callback, a target's ``tell``)."""
+    return isinstance(threading.current_thread(), DeliveryThread)
+
+
 class Reporter:
-    """Counts, logs and calls back for one manager; used on the manager's thread only.
+    """Counts and logs on the manager's thread; delivers on the manager's delivery thread.
 
     Args:
         keys: The queue's keys (its name goes in every line).
@@ -59,13 +221,21 @@ class Reporter:
         self._on_error = on_error
         self._late_streak = 0
         self._hinted = False
-        #: Whether a callback or a target's ``tell`` runs now (read by other
-        #: threads: see ManagerRef.ask).
-        self.calling = False
+        #: The thread user code runs on.
+        self.thread = DeliveryThread(f"LockManager-delivery-{keys.name}", self._deliver)
+
+    @property
+    def wants_renewed(self) -> bool:
+        """Whether somebody listens to ``on_locks_renewed``."""
+        return self._on_renewed is not None
+
+    # -- on the manager's thread -------------------------------------------------
 
     def late(self, late_ms: int) -> None:
         """Record how late a timer tick ran; warn when over a quarter of the renew window."""
-        self.counters.late(float(late_ms))
+        counters = self.counters
+        counters.lateness_ms = float(late_ms)
+        counters.max_lateness_ms = max(counters.max_lateness_ms, float(late_ms))
         if late_ms <= self._timing.renew_time / 4:
             self._late_streak = 0
             return
@@ -88,32 +258,55 @@ class Reporter:
         logger.warning(
             "LockManager for queue %r: a tick ran %d ms late (more than a quarter of the "
             "%d ms renew window): something holds this process's GIL or CPU; a job that "
-            "blocks in C code needs a separate process",
+            "blocks in C code needs isolation='process'",
             self._keys.name,
             late_ms,
             self._timing.renew_time,
         )
 
-    def renewal(self, tally: Tally, now: int, margin_ms: int) -> None:
-        """Say what a renewal did: its renewed ids, its lost locks, its error or its success."""
-        if tally.renewed:
-            self.renewed(tally.renewed, now, margin_ms)
-        self.lost(tally.lost)
-        if tally.failure is None:
-            self.succeeded()
-        else:
-            self.tick_failed(tally.failure, tally.unknown)
-
-    def renewed(self, job_ids: list[str], now: int, margin_ms: int) -> None:
-        """Count a tick's renewals and pass them to ``on_locks_renewed``."""
+    def renewal(
+        self, report: Report, now: int, margin_ms: int | None, renewed: int | None = None
+    ) -> None:
+        """Count and log a renewal's outcome: its renewals and its error or success."""
         counters = self.counters
-        counters.last_renewal = now
-        counters.renewed += len(job_ids)
-        counters.margin(float(margin_ms))
-        self._call(self._on_renewed, job_ids, "on_locks_renewed")
+        count = len(report.renewed) if renewed is None else renewed
+        if count:
+            counters.last_renewal = now
+            counters.renewed += count
+            if margin_ms is not None:
+                counters.margin(float(margin_ms))
+        if report.error is None:
+            if counters.failed_streak:
+                logger.warning(
+                    "LockManager for queue %r: renewals resumed after %d failed tick(s)",
+                    self._keys.name,
+                    counters.failed_streak,
+                )
+            counters.failed_streak = 0
+            counters.last_error = ""
+            return
+        exc = report.error
+        counters.errors += 1
+        counters.failed_streak += 1
+        counters.last_error = f"{type(exc).__name__}: {exc}"
+        # The first failure of a streak carries its traceback; during a long
+        # outage the later ones are one line each.
+        logger.error(
+            "LockManager for queue %r: renewal of %d job(s) failed, retrying: %s: %s",
+            self._keys.name,
+            report.unknown,
+            type(exc).__name__,
+            exc,
+            exc_info=exc if counters.failed_streak == 1 else None,
+        )
 
-    def lost(self, lost: Sequence[LostLock]) -> None:
-        """Count, log and pass on lost locks (already untracked); none, nothing to say."""
+    def send(self, report: Report, replies: Sequence[pykka.Future[Any]] = ()) -> None:
+        """Count and log the report's losses; hand it and the replies to the delivery thread."""
+        self._log_lost(report.lost)
+        if report or replies:
+            self.thread.put(report, replies)
+
+    def _log_lost(self, lost: Sequence[LostLock]) -> None:
         if not lost:
             return
         self.counters.lost += len(lost)
@@ -143,85 +336,37 @@ class Reporter:
                 self._timing.lock_duration,
                 self._keys.prefix,
             )
-        self._call(self._on_failed, list(lost), "on_lock_renewal_failed")
 
-    def tick_failed(self, exc: Exception, jobs: int) -> None:
-        """Count and log a tick whose Redis call failed; pass it to ``on_error``."""
-        counters = self.counters
-        counters.errors += 1
-        counters.failed_streak += 1
-        counters.last_error = f"{type(exc).__name__}: {exc}"
-        # The first failure of a streak carries its traceback; during a long
-        # outage the later ones are one line each.
-        logger.error(
-            "LockManager for queue %r: renewal of %d job(s) failed, retrying next tick: %s: %s",
-            self._keys.name,
-            jobs,
-            type(exc).__name__,
-            exc,
-            exc_info=exc if counters.failed_streak == 1 else None,
-        )
-        self._call(self._on_error, exc, "on_error")
+    # -- on the delivery thread ---------------------------------------------------
 
-    def succeeded(self) -> None:
-        """Note a tick whose Redis call worked: ends a failure streak."""
-        counters = self.counters
-        if counters.failed_streak:
-            logger.warning(
-                "LockManager for queue %r: renewals resumed after %d failed tick(s)",
-                self._keys.name,
-                counters.failed_streak,
-            )
-            counters.failed_streak = 0
-            counters.last_error = ""
-
-    def tell(self, notes: Sequence[Note]) -> None:
-        """Tell each target of a lost lock its :class:`~actors.LockLost`; a failure is logged."""
-        calling, self.calling = self.calling, True
-        try:
-            for target, message in notes:
-                try:
-                    target.tell(message)
-                except BaseException:
-                    logger.warning(
-                        "LockManager for queue %r: could not tell a %s that job %r lost its lock",
-                        self._keys.name,
-                        type(target).__name__,
-                        message.job_id,
-                        exc_info=True,
-                    )
-        finally:
-            # Restored, not cleared: a target's tell may call back in and tell again.
-            self.calling = calling
-
-    def wants(self, name: str) -> bool:
-        """Whether the user gave the callback ``name`` (``"on_locks_renewed"``, ...)."""
-        return self._callbacks()[name] is not None
-
-    def call(self, name: str, arg: Any) -> None:
-        """Call the user's callback ``name`` with ``arg``, guarded, counting and logging nothing.
-
-        For a manager whose ticks run in a child process: the child counts
-        and logs, and the worker's manager passes on what it reports.
-        """
-        self._call(self._callbacks()[name], arg, name)
-
-    def _callbacks(self) -> dict[str, Callable[[Any], object] | None]:
-        return {
-            "on_locks_renewed": self._on_renewed,
-            "on_lock_renewal_failed": self._on_failed,
-            "on_error": self._on_error,
-        }
+    def _deliver(self, report: Report) -> None:
+        if report.renewed:
+            self._call(self._on_renewed, report.renewed, "on_locks_renewed")
+        if report.lost:
+            self._call(self._on_failed, report.lost, "on_lock_renewal_failed")
+        if report.error is not None:
+            self._call(self._on_error, report.error, "on_error")
+        for target, message in report.tells:
+            try:
+                target.tell(message)
+            except pykka.ActorDeadError:
+                # The holder is gone: nobody is left to tell.
+                logger.debug("LockManager for queue %r: a dead target skipped", self._keys.name)
+            except BaseException:
+                logger.warning(
+                    "LockManager for queue %r: could not tell a %s that job %r lost its lock",
+                    self._keys.name,
+                    type(target).__name__,
+                    message.job_id,
+                    exc_info=True,
+                )
 
     def _call(self, callback: Callable[[Any], object] | None, arg: Any, name: str) -> None:
         if callback is None:
             return
-        calling, self.calling = self.calling, True
         try:
             callback(arg)
         except BaseException:
-            # SystemExit or KeyboardInterrupt too: left to pykka, they would
-            # stop every actor of the process, not only this manager.
+            # SystemExit or KeyboardInterrupt too: they would end the delivery
+            # of every later report, not only this one.
             logger.exception("LockManager for queue %r: %s raised", self._keys.name, name)
-        finally:
-            self.calling = calling

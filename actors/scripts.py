@@ -1,42 +1,404 @@
-"""Renewing locks with the shared script: the two calls a caller makes.
+"""The shared renewal script on Redis: read once, sent by EVALSHA in chunks, loaded on NOSCRIPT.
 
-:func:`renew_batch` is what a manager's tick runs: the chunked EVALSHA of
-:mod:`actors.evalsha`, then, when locks were reported lost, the read-back of
-:mod:`actors.readback`. :func:`extend_locks` is the plain call, BullMQ's
-``extendLocks`` in Python. The names the layer below defines stay importable
-from here.
+``lua/extendLocks-1.lua`` is frozen: Node.js, Go, Elixir and Python workers
+renew the same keys with it. A healthy tick costs one round trip: every chunk
+of a batch goes in one pipeline, and the script is loaded only when the
+server answers NOSCRIPT (after a restart, a failover or a SCRIPT FLUSH). The
+script's reply is BullMQ's, a list of ids, so the reason a lock was lost is
+read back afterwards, and only when something was lost.
+
+:func:`extend_locks` is the plain call, BullMQ's ``extendLocks`` in Python;
+:class:`RedisRenewer` is what a manager renews through unless told otherwise;
+:func:`release_locks` deletes locks that still hold their tokens
+(``releaseLock-1.lua``), for holders that are gone.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+from functools import lru_cache
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from actors.evalsha import DEFAULT_MAX_BATCH, SCRIPT_NAME, run_chunks, script_sha, script_source
-from actors.lost import EXPIRED, STOLEN
-from actors.outcome import BatchOutcome, ChunkError, UnconfirmedLossError
-from actors.readback import classify_failed, lock_holds
-from actors.validation import require_batch, require_int
+import msgpack
+import redis
+from redis.client import NEVER_DECODE
+from redis.exceptions import NoScriptError, ResponseError
+
+from actors.connection import (
+    check_client,
+    client_for_url,
+    command_timeout,
+    is_cluster,
+    unreachable_message,
+)
+from actors.keys import hash_slot, lock_key
+from actors.messages import EXPIRED, STOLEN
+from actors.renewer import BatchOutcome, ChunkError, UnconfirmedLossError
+from actors.timing import check_lock_duration, require_int
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Sequence
 
+    from actors.connection import Client
     from actors.keys import QueueKeys
+    from actors.messages import Reason
+    from actors.timing import Timing
 
 __all__ = [
     "DEFAULT_MAX_BATCH",
-    "EXPIRED",
+    "RELEASE_SCRIPT",
     "SCRIPT_NAME",
-    "STOLEN",
-    "BatchOutcome",
-    "ChunkError",
-    "UnconfirmedLossError",
+    "RedisRenewer",
     "classify_failed",
     "extend_locks",
     "lock_holds",
+    "release_locks",
     "renew_batch",
+    "require_batch",
+    "run_chunks",
     "script_sha",
     "script_source",
 ]
+
+logger = logging.getLogger("actors.scripts")
+
+#: File name of the renewal script; the ``-1`` is its number of KEYS.
+SCRIPT_NAME = "extendLocks-1.lua"
+
+#: Job ids per script call. At 250 one call holds the server for 1-2 ms
+#: (a few ms at worst) even with 100,000 locks on it, so every other client
+#: stays responsive, and a whole tick is no slower than with larger calls: all
+#: of a tick's calls still share one round trip (``make bench`` measures it).
+DEFAULT_MAX_BATCH = 250
+
+
+#: File name of the compare-and-delete of one lock.
+RELEASE_SCRIPT = "releaseLock-1.lua"
+
+
+@lru_cache(maxsize=4)
+def script_source(name: str = SCRIPT_NAME) -> str:
+    """Return the text of a script of the package (``extendLocks-1.lua`` by default).
+
+    The scripts live beside this module; the top-level ``lua/extendLocks-1.lua``
+    that other runtimes read is a link to the same file.
+    """
+    return (resources.files("actors") / "lua" / name).read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=1)
+def script_sha() -> str:
+    """Return the SHA1 by which the server knows the script."""
+    return hashlib.sha1(script_source().encode("utf-8")).hexdigest()
+
+
+def _as_ids(reply: Any) -> list[str]:
+    if not isinstance(reply, list):
+        raise ResponseError(f"{SCRIPT_NAME} returned {type(reply).__name__}, expected a list")
+    return [item.decode("utf-8") if isinstance(item, bytes) else str(item) for item in reply]
+
+
+def _as_list(items: Sequence[str]) -> list[str]:
+    # A chunk is already a fresh list (a slice): copying it again would cost a
+    # pass and an allocation per id.
+    return items if type(items) is list else list(items)
+
+
+def _evalsha_args(
+    keys: QueueKeys, job_ids: Sequence[str], tokens: Sequence[str], duration: int
+) -> tuple[Any, ...]:
+    # KEYS[1] stalled; ARGV[1] key prefix WITH its colon, ARGV[2] packed
+    # tokens, ARGV[3] packed ids, ARGV[4] TTL in ms.
+    return (
+        "EVALSHA",
+        script_sha(),
+        1,
+        keys.stalled,
+        keys.key_prefix,
+        msgpack.packb(_as_list(tokens)),
+        msgpack.packb(_as_list(job_ids)),
+        duration,
+    )
+
+
+def _with_source(evalsha_args: tuple[Any, ...]) -> tuple[Any, ...]:
+    # EVAL runs the script, and caches it, on whichever cluster node serves
+    # the slot right now: a promoted replica, a node importing the slot, a new
+    # node with no slot of its own yet. SCRIPT LOAD reaches only the masters
+    # the client knows of, and all of them must answer.
+    return ("EVAL", script_source(), *evalsha_args[2:])
+
+
+def _is_noscript(reply: object) -> bool:
+    return isinstance(reply, NoScriptError) or (
+        isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT")
+    )
+
+
+def _send_chunks(
+    conn: Any,
+    keys: QueueKeys,
+    job_ids: Sequence[str],
+    tokens: Sequence[str],
+    duration: int,
+    bounds: list[tuple[int, int]],
+    *,
+    with_source: bool = False,
+) -> list[Any]:
+    # EVALSHA by hand, not redis-py's Script: its pipeline sends SCRIPT EXISTS
+    # before every batch, a second round trip on each tick.
+    pipe = conn.pipeline(transaction=False)
+    options: dict[str, Any] = {}
+    if is_cluster(conn):
+        # Routed by hand: a cluster pipeline otherwise asks its default node
+        # for each EVALSHA's keys (COMMAND GETKEYS), and fails for as long as
+        # that node is down. Redirections are still followed.
+        options["target_nodes"] = conn.get_node_from_key(keys.stalled)
+    for start, stop in bounds:
+        args = _evalsha_args(keys, job_ids[start:stop], tokens[start:stop], duration)
+        pipe.execute_command(*(_with_source(args) if with_source else args), **options)
+    replies: list[Any] = pipe.execute(raise_on_error=False)
+    return replies
+
+
+def run_chunks(
+    conn: Any,
+    keys: QueueKeys,
+    job_ids: Sequence[str],
+    tokens: Sequence[str],
+    duration: int,
+    max_batch: int,
+) -> BatchOutcome:
+    """Run the script over ``job_ids`` in chunks of ``max_batch``, all in one round trip.
+
+    Nothing is checked here (see :func:`renew_batch`). A chunk
+    that the server refuses is returned in ``errors``; a chunk answered
+    NOSCRIPT is sent again once the script is loaded (on a cluster, as EVAL
+    on the node serving the slot).
+
+    Returns:
+        The ids each chunk that ran reported, and the chunks that did not run.
+
+    Raises:
+        redis.exceptions.RedisError: The connection failed: no chunk is known
+            to have run.
+    """
+    total = len(job_ids)
+    bounds = [(start, min(start + max_batch, total)) for start in range(0, total, max_batch)]
+    replies = _send_chunks(conn, keys, job_ids, tokens, duration, bounds)
+    missing = [i for i, reply in enumerate(replies) if _is_noscript(reply)]
+    if missing:
+        # The server lost its script cache (restart, SCRIPT FLUSH, failover):
+        # load the script and send the same calls again.
+        logger.debug("%s not cached by the server; loading it", SCRIPT_NAME)
+        cluster = is_cluster(conn)
+        if not cluster:
+            conn.script_load(script_source())
+        resent = _send_chunks(
+            conn, keys, job_ids, tokens, duration, [bounds[i] for i in missing], with_source=cluster
+        )
+        for i, reply in zip(missing, resent, strict=True):
+            replies[i] = reply
+    failed: list[str] = []
+    errors: list[ChunkError] = []
+    for (start, stop), reply in zip(bounds, replies, strict=True):
+        try:
+            if isinstance(reply, Exception):
+                raise reply
+            failed.extend(_as_ids(reply))
+        except ResponseError as exc:
+            errors.append(ChunkError(start, stop, exc))
+    return BatchOutcome(failed, errors)
+
+
+#: Options of a command whose reply is kept as the server's bytes. redis-py
+#: honours them on ``redis.Redis`` and ``redis.RedisCluster``, in pipelines too.
+_RAW: dict[str, Any] = {NEVER_DECODE: True}
+
+
+def lock_holds(conn: Any, keys: QueueKeys, job_id: str, token: str) -> bool:
+    """Whether ``job_id``'s lock holds exactly ``token`` (one GET, read as raw bytes).
+
+    Read raw whatever the client's ``decode_responses``: a value that is not
+    UTF-8 is another holder's, not an unreadable reply.
+
+    Raises:
+        redis.exceptions.RedisError: The read failed.
+    """
+    return bool(conn.execute_command("GET", keys.lock(job_id), **_RAW) == token.encode("utf-8"))
+
+
+def classify_failed(
+    conn: Any,
+    keys: QueueKeys,
+    job_ids: Sequence[str],
+    tokens: Sequence[str],
+    outcome: BatchOutcome,
+) -> BatchOutcome:
+    """Read the reported locks back: say why each was lost, keep the still-held ones.
+
+    The script's reply is BullMQ's, a list of ids, so the reason is read
+    afterwards: one pipelined GET per reported lock, a round trip paid only
+    when something was lost. Each GET is routed by its own key, so on a
+    cluster it finds the lock on whichever node holds it now.
+
+    - no key: :data:`EXPIRED`;
+    - any value but the exact UTF-8 bytes of the job's token, or a key of
+      another type: :data:`STOLEN`;
+    - the job's own token: the script could not see it (a cluster slot was
+      migrating): a one-job :class:`ChunkError` carrying
+      :class:`UnconfirmedLossError`, retried by the next tick.
+
+    An id may come more than once in a batch, each time with its own token,
+    as BullMQ's script allows: the script then reports the entries whose
+    token the lock does not hold, and each report is matched to such an
+    entry of that id, not to the id's last entry.
+
+    Values are read and compared as raw bytes, whatever the client's
+    ``decode_responses``: a value that is not UTF-8 is another holder's, not
+    a reply that cannot be read.
+
+    When the read-back itself fails, whatever the exception, every reported
+    id becomes such an error: its lock is in an unknown state, and the next
+    tick tries again.
+
+    Args:
+        conn: The client the script ran on.
+        keys: The queue's keys.
+        job_ids: The batch's ids, as given to the script.
+        tokens: Each job's token, in the same order.
+        outcome: What the script reported.
+    """
+    reported = list(dict.fromkeys(outcome.failed))
+    try:
+        pipe = conn.pipeline(transaction=False)
+        for job_id in reported:
+            # Built as the script builds it: the ids come back from the server
+            # as sent. Read undecoded: a client with decode_responses would
+            # raise on a value that is not UTF-8, and decoding with
+            # replacement would make foreign bytes equal a token holding U+FFFD.
+            pipe.execute_command("GET", lock_key(keys.key_prefix, job_id), **_RAW)
+        values = pipe.execute(raise_on_error=False)
+    except Exception as exc:
+        # Not only RedisError: whatever went wrong, these locks may still be
+        # held, so the jobs stay tracked and on_error hears of it every tick.
+        logger.warning(
+            "queue %r: could not read back %d lost lock(s), retrying them next tick: %s: %s",
+            keys.name,
+            len(reported),
+            type(exc).__name__,
+            exc,
+        )
+        values = [exc] * len(reported)
+    value_of = dict(zip(reported, values, strict=True))
+    entries = _reported_entries(job_ids, tokens, outcome, value_of)
+    lost: list[str] = []
+    reasons: dict[str, Reason] = {}
+    held: list[ChunkError] = []
+    for job_id in outcome.failed:
+        value = value_of[job_id]
+        i, holds = entries[job_id].pop(0) if entries[job_id] else (None, False)
+        if isinstance(value, ResponseError) and str(value).startswith("WRONGTYPE"):
+            # The key holds something that is not a token: another holder's.
+            reasons[job_id] = STOLEN
+        elif value is not None and not isinstance(value, bytes):
+            # An error, or a reply GET never gives: the lock's state is unknown.
+            if i is not None:
+                cause = value if isinstance(value, Exception) else _unexpected(value)
+                held.append(ChunkError(i, i + 1, _unconfirmed(keys, job_id, cause)))
+                continue
+            reasons[job_id] = STOLEN
+        elif holds and i is not None:
+            held.append(ChunkError(i, i + 1, _unconfirmed(keys, job_id, None)))
+            continue
+        else:
+            reasons[job_id] = EXPIRED if value is None else STOLEN
+        lost.append(job_id)
+    if held:
+        logger.info(
+            "queue %r: %d lock(s) reported lost could not be confirmed lost; "
+            "retrying them next tick",
+            keys.name,
+            len(held),
+        )
+    return BatchOutcome(lost, [*outcome.errors, *held], reasons)
+
+
+def _reported_entries(
+    job_ids: Sequence[str],
+    tokens: Sequence[str],
+    outcome: BatchOutcome,
+    value_of: dict[str, object],
+) -> dict[str, list[tuple[int, bool]]]:
+    """Each reported id's entries that ran, those whose token the lock holds last.
+
+    An entry is ``(index in the batch, whether the lock read back holds its
+    token)``. The script reports an entry exactly when the lock did not hold
+    its token, so the reports of an id go to its entries that the read-back
+    finds lost first; an entry holding its token is reported only when the
+    script could not see the lock.
+    """
+    skipped = {i for error in outcome.errors for i in range(error.start, error.stop)}
+    found: dict[str, list[tuple[int, bool]]] = {job_id: [] for job_id in value_of}
+    for i, job_id in enumerate(job_ids):
+        slot = found.get(job_id)
+        if slot is not None and i not in skipped:
+            value = value_of[job_id]
+            slot.append((i, isinstance(value, bytes) and value == tokens[i].encode("utf-8")))
+    for slot in found.values():
+        slot.sort(key=lambda entry: entry[1])  # stable: input order within each kind
+    return found
+
+
+def _unexpected(value: object) -> ResponseError:
+    return ResponseError(f"GET returned {type(value).__name__}, expected bytes or nothing")
+
+
+def _unconfirmed(keys: QueueKeys, job_id: str, cause: Exception | None) -> UnconfirmedLossError:
+    if cause is not None:
+        error = UnconfirmedLossError(
+            f"the lock of job {job_id!r} was reported lost but could not be read back "
+            f"({type(cause).__name__}: {cause}); it is retried next tick"
+        )
+        # Kept for on_error and the logged traceback: the cause may be no RedisError.
+        error.__cause__ = cause
+        return error
+    return UnconfirmedLossError(
+        f"the lock of job {job_id!r} is still held but the renewal script could not see it "
+        f"(slot {hash_slot(keys.stalled)} is being migrated); it is retried next tick"
+    )
+
+
+def require_batch(
+    job_ids: Sequence[str], tokens: Sequence[str], duration: int, *, each: bool = True
+) -> None:
+    """Check the arguments of one batched renewal before anything is sent.
+
+    Args:
+        job_ids: The ids to renew.
+        tokens: Each id's token, in the same order.
+        duration: The TTL to set, in milliseconds.
+        each: Check every id and token too; a caller that checked them when
+            they were tracked passes ``False`` to save a pass over the batch.
+
+    Raises:
+        TypeError: ``duration`` is not an ``int``.
+        ValueError: The lengths differ, ``duration`` is not positive, or an
+            id or token is not a non-empty ``str``.
+    """
+    if len(job_ids) != len(tokens):
+        raise ValueError(
+            f"job_ids and tokens must have the same length, got {len(job_ids)} and {len(tokens)}"
+        )
+    require_int(duration, "duration")
+    if not each:
+        return
+    for argument, values in (("job_ids", job_ids), ("tokens", tokens)):
+        for value in values:
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{argument} must be non-empty str, got {value!r}")
 
 
 def renew_batch(
@@ -133,3 +495,132 @@ def extend_locks(
     if outcome.errors:
         raise outcome.errors[0].error
     return outcome.failed
+
+
+class RedisRenewer:
+    """Renews with ``extendLocks-1.lua`` on one server or a cluster.
+
+    Called on the manager's renewal thread, one batch at a time. After a
+    connection failure it drops the pool's idle connections, so the retry
+    that follows opens a fresh one instead of a socket a partition left dead.
+
+    Args:
+        connection: A ``redis.Redis`` or ``redis.RedisCluster`` client, or a
+            Redis URL (a client is then built whose attempts end within
+            :func:`~actors.connection.command_timeout`, and closed with the renewer).
+        keys: The queue's keys.
+        timing: The manager's windows: the TTL each renewal sets, and what
+            bounds an attempt.
+        safety_margin: The watched locks' margin in ms.
+        max_batch: Most ids per script call; a batch's calls share one round trip.
+
+    Raises:
+        TypeError: ``connection`` is not a client or a URL; ``max_batch`` is
+            not an ``int``.
+        ValueError: ``max_batch`` is not positive, ``lock_duration`` is under
+            :data:`~actors.timing.MIN_REDIS_LOCK_DURATION`, the client's
+            encoding is not UTF-8, or a cluster client was given for keys that
+            cannot share one slot.
+    """
+
+    def __init__(
+        self,
+        connection: Client | str,
+        keys: QueueKeys,
+        timing: Timing,
+        safety_margin: int,
+        max_batch: int = DEFAULT_MAX_BATCH,
+    ) -> None:
+        self._max_batch = require_int(max_batch, "max_batch")
+        check_lock_duration(timing.lock_duration)
+        self._owns = isinstance(connection, str)
+        conn: Any = (
+            client_for_url(connection, timeout=command_timeout(timing, safety_margin))
+            if isinstance(connection, str)
+            else connection
+        )
+        check_client(conn, keys, timing, safety_margin)
+        self.connection: Client = conn
+        self.keys = keys
+        self.lock_duration = timing.lock_duration
+        self._told_unreachable = False
+
+    @property
+    def max_batch(self) -> int:
+        """Most ids per script call."""
+        return self._max_batch
+
+    def __call__(self, job_ids: Sequence[str], tokens: Sequence[str]) -> BatchOutcome:
+        """Renew ``job_ids`` held with ``tokens`` in one round trip."""
+        # Every id and token was checked when the job was tracked.
+        require_batch(job_ids, tokens, self.lock_duration, each=False)
+        if not job_ids:
+            return BatchOutcome([], [])
+        conn, keys = self.connection, self.keys
+        try:
+            outcome = run_chunks(conn, keys, job_ids, tokens, self.lock_duration, self._max_batch)
+            if outcome.failed:
+                outcome = classify_failed(conn, keys, job_ids, tokens, outcome)
+            return outcome
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self._unreachable(exc)
+            raise
+
+    def release(self, locks: Sequence[tuple[str, str]]) -> int:
+        """Delete each ``(job_id, token)`` lock that still holds its token; return how many.
+
+        Raises:
+            redis.exceptions.RedisError: The server or the connection failed.
+        """
+        try:
+            return release_locks(self.connection, self.keys, locks)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self._unreachable(exc)
+            raise
+
+    def probe(self) -> None:
+        """Ask the server for a PING; a server that does not answer is said once, at WARNING."""
+        try:
+            self.connection.ping()
+        except redis.RedisError as exc:
+            logger.warning("%s", unreachable_message(self.connection, self.keys.name, exc))
+
+    def _unreachable(self, exc: BaseException) -> None:
+        # Idle connections may be sockets a partition left dead: the retry
+        # opens new ones. Busy ones belong to other users of the client.
+        pool = getattr(self.connection, "connection_pool", None)
+        if pool is not None:
+            pool.disconnect(inuse_connections=False)
+        # Once, at the first failure: where the server was looked for and
+        # what to check. The tick's own error line follows, every streak.
+        if not self._told_unreachable:
+            self._told_unreachable = True
+            logger.error("%s", unreachable_message(self.connection, self.keys.name, exc))
+
+    def close(self) -> None:
+        """Close the client if the renewer built it from a URL."""
+        if self._owns:
+            self._owns = False
+            self.connection.close()
+
+
+def release_locks(conn: Any, keys: QueueKeys, locks: Iterable[tuple[str, str]]) -> int:
+    """Delete each ``(job_id, token)`` lock that still holds its token, in one round trip.
+
+    A lock another worker holds now is left alone (``releaseLock-1.lua``).
+
+    Returns:
+        How many locks were deleted.
+
+    Raises:
+        redis.exceptions.RedisError: The server or the connection failed.
+    """
+    script = conn.register_script(script_source(RELEASE_SCRIPT))
+    pipe = conn.pipeline(transaction=False)
+    count = 0
+    for job_id, token in locks:
+        script(keys=[keys.lock(job_id)], args=[token], client=pipe)
+        count += 1
+    if not count:
+        return 0
+    return sum(1 for reply in pipe.execute(raise_on_error=False) if reply == 1)

@@ -1,39 +1,28 @@
-"""The manager's one timer, and the seam through which a test or a host drives it.
+"""A manager's one timer, the seam a test or a host drives it through, and what it is armed for.
 
-A manager holds exactly one :class:`Timer`. It arms it with the grid time of
-its next tick; when that time comes the timer calls ``fire(scheduled)``, which
-tells the manager ``ExtendLocks(scheduled)``. The manager renews, then arms the
-timer again. Nothing else ever arms it, so a "renew now" sent by a user leaves
-the grid alone.
+A manager holds exactly one :class:`Timer`. The :class:`Alarm` arms it for
+the next of three times: the next tick of the grid ``first + k * interval``,
+a quick retry after a failed tick, or the deadline of a watched lock that
+comes before either. When that time comes the timer calls
+``fire(scheduled)``, which tells the manager ``ExtendLocks(scheduled)``; the
+manager handles it, then arms the timer again. Nothing else arms it, so a
+"renew now" sent by a user leaves the grid alone.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import sys
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Literal, Protocol
 
 import pykka
 
-from actors.schedule import monotonic_ms
+from actors.timing import monotonic_ms, next_tick
 
-__all__ = ["ManualTimer", "ThreadTimer", "Timer", "TimerFactory", "resolution_ms"]
+__all__ = ["Alarm", "Fire", "ManualTimer", "ThreadTimer", "Timer", "TimerFactory"]
 
 logger = logging.getLogger(__name__)
-
-
-def resolution_ms() -> int:
-    """Return how late a :class:`ThreadTimer`'s fire may run with nothing wrong, in milliseconds.
-
-    The clock counts whole milliseconds (one), and a woken thread may wait up
-    to the interpreter's switch interval (``sys.getswitchinterval()``, 5 ms by
-    default) for its turn while another thread runs Python code. Lateness
-    within this says nothing about the process.
-    """
-    return 1 + math.ceil(sys.getswitchinterval() * 1000)
 
 
 class Timer(Protocol):
@@ -49,12 +38,11 @@ class Timer(Protocol):
 
 
 #: Builds a manager's timer from the function to call when it fires (with the
-#: deadline it was armed for) and a name for its thread.
+#: time it was armed for) and a name for its thread.
 TimerFactory = Callable[[Callable[[int], None], str], Timer]
 
-
 #: Seconds the timer waits before reading a clock that raised again.
-CLOCK_RETRY_S = 0.01
+CLOCK_RETRY_S: Final = 0.01
 
 
 class ThreadTimer:
@@ -64,10 +52,10 @@ class ThreadTimer:
     the thread count stays constant.
 
     Args:
-        fire: Called with the deadline, on the timer's thread, when it comes.
+        fire: Called with the time armed for, on the timer's thread, when it comes.
         name: The thread's name.
-        clock: The clock deadlines are on, in milliseconds; it must advance
-            with real time (the default is the monotonic clock).
+        clock: The clock times are on, in milliseconds; it must advance with
+            real time (the default is the monotonic clock).
     """
 
     def __init__(
@@ -141,7 +129,7 @@ class ManualTimer:
     """
 
     def __init__(self, fire: Callable[[int], None] | None = None, name: str = "") -> None:
-        #: The pending deadline, or ``None``.
+        #: The pending time to fire at, or ``None``.
         self.deadline: int | None = None
         #: How many times the manager armed it.
         self.armed = 0
@@ -149,11 +137,136 @@ class ManualTimer:
         self.closed = False
 
     def arm(self, deadline_ms: int) -> None:
-        """Record ``deadline_ms`` as the pending deadline."""
+        """Record ``deadline_ms`` as the pending time."""
         self.deadline = deadline_ms
         self.armed += 1
 
     def close(self) -> None:
-        """Forget the deadline."""
+        """Forget the pending time."""
         self.deadline = None
         self.closed = True
+
+
+#: What a fire of the timer is for: the grid's tick, a retry after a failed
+#: tick, a watched lock's deadline; ``"now"`` for a "renew now" anyone sent.
+Fire = Literal["grid", "retry", "deadline", "now"]
+
+
+class Alarm:
+    """The timer, the next grid tick, the retry, and which fires are the timer's own.
+
+    Used on the manager's thread only.
+
+    Args:
+        name: The queue's name, for the log.
+        clock: The manager's monotonic clock, in milliseconds.
+        interval: The grid's step, in milliseconds.
+    """
+
+    __slots__ = ("armed", "clock", "grid", "interval", "name", "pending", "retry", "timer")
+
+    def __init__(self, name: str, clock: Callable[[], int], interval: int) -> None:
+        self.name = name
+        self.clock = clock
+        self.interval = interval
+        #: The timer, once the manager has started (``None`` once it stops).
+        self.timer: Timer | None = None
+        #: The time of the next grid tick, in monotonic ms (``None``: no grid).
+        self.grid: int | None = None
+        #: When to try again after a failed tick, or ``None``.
+        self.retry: int | None = None
+        #: What the timer is armed for now.
+        self.armed: int | None = None
+        #: The times the timer was armed for and whose fire is not handled yet,
+        #: each with the time it was armed at (a fire is late from the later of the two).
+        self.pending: dict[int, int] = {}
+
+    def start(self, timer: Timer, *, grid: bool = True) -> None:
+        """Take the timer; with ``grid``, arm it for the first tick, one interval from now."""
+        self.timer = timer
+        if grid:
+            self.grid = self.clock() + self.interval
+            self.arm(None)
+
+    def now(self, fallback: int) -> int:
+        """Read the clock; ``fallback`` (an earlier reading) if it raises."""
+        try:
+            return self.clock()
+        except BaseException:
+            logger.warning("LockManager for queue %r: the clock raised", self.name, exc_info=True)
+            return fallback
+
+    def take(self, scheduled: int | None) -> tuple[Fire, int, int, int] | None:
+        """Say what a tick is for, the time now, the time it stamps at, and how late it runs.
+
+        Only the timer's own fire (one armed and not handled yet) is a grid
+        tick, a retry or a deadline; one sent early or by anyone else is a
+        plain "renew now" and moves nothing. A grid tick selects and stamps at
+        its grid time, not when it got to run: lateness then never makes a job
+        due a tick early, and the grid time is never after the renewal, so no
+        lock looks younger.
+
+        Returns:
+            ``None`` when the clock raised (logged) and the tick is not the
+            timer's own fire, whose time stands in otherwise. The lateness is
+            how long after its time (or after it was armed, if later) the
+            timer's fire was handled, in ms; 0 for anyone else's.
+        """
+        own = scheduled is not None and scheduled in self.pending
+        try:
+            now = self.clock()
+        except BaseException:
+            # The clock is the user's code: its failure must not end the
+            # ticks. The timer's own fire comes once its time has come, so its
+            # time stands in for a reading (never later than the truth).
+            logger.warning(
+                "LockManager for queue %r: the clock raised; ticking on", self.name, exc_info=True
+            )
+            if not own:
+                return None
+            assert scheduled is not None
+            now = scheduled
+        if not own or scheduled is None or scheduled > now:
+            return "now", now, now, 0
+        late = max(0, now - max(scheduled, self.pending.pop(scheduled)))
+        if scheduled == self.grid:
+            return "grid", now, scheduled, late
+        if scheduled == self.retry:
+            self.retry = None
+            return "retry", now, now, late
+        return "deadline", now, now, late
+
+    def advance(self, at: int, now: int) -> None:
+        """After the grid tick of ``at``: the next grid time (a missed one fires at once)."""
+        if self.grid is not None:
+            self.grid = next_tick(at, self.interval, self.now(now))
+
+    def retry_at(self, when: int | None) -> None:
+        """Try again at ``when`` (after a failed tick), or not at all."""
+        self.retry = when
+
+    def arm(self, earliest: int | None) -> None:
+        """Arm for the first of the grid tick, the retry and ``earliest`` (a watched deadline)."""
+        if self.timer is None:
+            return
+        times = [t for t in (self.grid, self.retry, earliest) if t is not None]
+        if not times:
+            return
+        at = min(times)
+        if at != self.armed or at not in self.pending:
+            if len(self.pending) > 64:
+                # Times replaced before they fired: never handled, never needed.
+                self.pending = {t: when for t, when in self.pending.items() if t >= at}
+            self.pending[at] = self.now(at)
+            self.armed = at
+            self.timer.arm(at)
+
+    def sooner(self, earliest: int | None) -> None:
+        """Arm for ``earliest`` if the timer is armed for later (a new watched lock)."""
+        if earliest is not None and (self.armed is None or earliest < self.armed):
+            self.arm(earliest)
+
+    def close(self) -> Timer | None:
+        """Stop using the timer; return it, for the manager to close."""
+        timer, self.timer = self.timer, None
+        return timer

@@ -46,9 +46,9 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("actors.bullmq needs the bullmq package: pip install '.[bullmq]'") from error
 
-from actors.bullmq._hooks import hook_worker
-from actors.bullmq._manager import LOCK_LOST, ActorLockManager
-from actors.evalsha import DEFAULT_MAX_BATCH
+from actors.bullmq.hooks import hook_worker
+from actors.bullmq.manager import LOCK_LOST, ActorLockManager
+from actors.scripts import DEFAULT_MAX_BATCH
 
 if TYPE_CHECKING:
     import redis
@@ -61,6 +61,7 @@ def use_actor_lock_manager(
     *,
     connection: redis.Redis | redis.RedisCluster | str | None = None,
     max_batch: int = DEFAULT_MAX_BATCH,
+    isolation: str = "thread",
 ) -> ActorLockManager:
     """Make a bullmq ``Worker`` renew its locks from a thread; call before it runs.
 
@@ -88,6 +89,10 @@ def use_actor_lock_manager(
             and so does a Sentinel-managed client, whose settings do not name
             the server it reaches.
         max_batch: Most ids per script call.
+        isolation: ``"thread"`` (the default) or ``"process"``: the renewals
+            then run in a child process, so a processor that holds the GIL
+            keeps its locks, and a killed worker's locks go at once (see
+            :func:`actors.start_link`).
 
     Returns:
         The installed manager (also ``worker.lockManager``); installing twice
@@ -120,6 +125,7 @@ def use_actor_lock_manager(
         worker.workerName,
         connection=connection,
         max_batch=max_batch,
+        isolation=isolation,
     )
     worker.lockManager = installed
     if installed.renews:

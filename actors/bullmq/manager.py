@@ -1,54 +1,70 @@
-"""The lock manager a bullmq ``Worker`` calls, renewing through a manager's thread."""
+"""The lock manager a bullmq ``Worker`` calls, renewing through a manager's threads."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
+import logging
 from typing import TYPE_CHECKING, Any
 
-from bullmq.abort_controller import AbortController
-
-from actors.bullmq._client import renewal_client
-from actors.bullmq._close import attempt, must_wait, off_the_loop, stopper
-from actors.bullmq._renewal import Renewal
-from actors.bullmq._runs import LOCK_LOST, RUN_TOKEN, Runs, monotonic_from_wall
-from actors.evalsha import DEFAULT_MAX_BATCH
+from actors.api import start_link, track_job, untrack_job
+from actors.bullmq.hooks import attempt, must_wait, off_the_loop, renewal_client, stopper
+from actors.bullmq.runs import (
+    LOCK_LOST,
+    RUN_TOKEN,
+    LockController,
+    Run,
+    Runs,
+    abort_reason,
+    monotonic_from_wall,
+)
 from actors.keys import QueueKeys
+from actors.messages import LockLost, TrackJob
+from actors.ref import ManagerStopped
+from actors.scripts import DEFAULT_MAX_BATCH, lock_holds
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     import redis
 
-    from actors.bullmq._hooks import Fetcher
+    from actors.bullmq.hooks import Fetcher
+    from actors.bullmq.runs import LockSignal
+    from actors.messages import LostLock
     from actors.ref import ManagerRef
 
 __all__ = ["LOCK_LOST", "ActorLockManager"]
 
+logger = logging.getLogger("actors.bullmq")
+
 
 class ActorLockManager:
-    """bullmq-py's lock manager, renewing from a :class:`~actors.LockManager` thread.
+    """bullmq-py's lock manager, renewing from a :class:`~actors.LockManager`'s threads.
 
     It has the interface the ``Worker`` uses (``start``, ``track_job``,
     ``untrack_job``, ``cancel_job``, ``cancel_all_jobs``, the counts and
     ``close``) and behaves the same, with these differences:
 
-    - renewal runs on the manager's thread, so a processor that blocks the
-      worker's loop keeps its lock, and so does every job fetched beside it;
+    - renewal runs on the manager's threads (or in its child process, with
+      ``isolation="process"``), so a processor that blocks the worker's loop
+      keeps its lock, and so does every job fetched beside it;
     - a job is tracked from the moment its lock is taken (bullmq's fetch runs
       on a thread of its own) until bullmq's move of it is answered, whatever
       the concurrency (installed by :func:`~actors.bullmq.use_actor_lock_manager`);
-    - a job whose lock was lost (stolen, expired, or taken again by this
-      worker) has its ``AbortSignal`` aborted with a reason starting with
-      :data:`LOCK_LOST`, and is no longer renewed;
+      a lock the move deletes is no loss, and is neither logged nor counted;
+    - a job whose lock was lost (stolen, expired, unconfirmed, or taken again
+      by this worker) has its ``AbortSignal`` aborted with a reason starting
+      with :data:`LOCK_LOST`, and is no longer renewed: ``signal.aborted``
+      reads ``True`` from the moment the manager knows, right after a call
+      that blocked the loop too;
     - a graceful close goes on renewing every job the worker still
       processes, a job fetched while it closes included, until bullmq has
       moved it.
 
     Every method but :meth:`close` is called on the worker's event loop, as
     the ``Worker`` does; the manager's reports reach the loop through
-    ``loop.call_soon_threadsafe``, so listeners run there too, and a
-    processor that blocks the loop sees its signal aborted once it awaits
-    again: check ``signal.aborted`` after each blocking step.
+    ``loop.call_soon_threadsafe``, so listeners run there too.
 
     Args:
         worker: The bullmq ``Worker``; its ``emit`` delivers the events.
@@ -63,6 +79,7 @@ class ActorLockManager:
             ``redis.RedisCluster`` or a URL. When ``None``, a client with
             bounded timeouts is built from the worker's ``connection`` option.
         max_batch: Most ids per script call (see :func:`actors.start_link`).
+        isolation: ``"thread"`` or ``"process"`` (see :func:`actors.start_link`).
 
     Raises:
         TypeError: A duration is not an ``int``, or the connection cannot be
@@ -80,6 +97,7 @@ class ActorLockManager:
         *,
         connection: redis.Redis | redis.RedisCluster | str | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
+        isolation: str = "thread",
     ) -> None:
         self.worker = worker
         self.lock_renew_time = lock_renew_time
@@ -93,45 +111,35 @@ class ActorLockManager:
             worker.name, prefix=worker.opts.get("prefix", "bull")
         )
         self._runs = Runs(worker, self._keys.name, self._untrack, self._poke)
-        self._renewal: Renewal | None = None
         self.fetcher: Fetcher | None = None
         self._shutdown: asyncio.Future[None] | None = None
         self._changed: asyncio.Event | None = None
+        self._max_batch = max_batch
+        self._isolation = isolation
+        #: The running manager: ``None`` before :meth:`start`, once closed, and with renewal off.
+        self.manager: ManagerRef | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reader: concurrent.futures.ThreadPoolExecutor | None = None
+        #: Each run's signal, by ``(job_id, token)``: the delivery thread marks it lost at once.
+        self._signals: dict[tuple[str, str], LockSignal] = {}
         # bullmq-py turns renewal off for lockRenewTime <= 0; so does this.
-        self._renews = not (
+        self.renews = not (
             isinstance(lock_renew_time, (int, float))
             and not isinstance(lock_renew_time, bool)
             and lock_renew_time <= 0
         )
-        if not self._renews:
-            return
-        conn, owned = renewal_client(worker, connection, lock_duration, lock_renew_time)
-        self._renewal = Renewal(self, self._runs, conn, owned, max_batch)
-
-    # -- what the tests, examples and operators read ----------------------
-
-    @property
-    def renews(self) -> bool:
-        """Whether renewal is on (``lock_renew_time > 0``, as in bullmq-py)."""
-        return self._renews
+        #: The synchronous client the manager renews with; ``None`` with renewal off.
+        self.connection: redis.Redis | redis.RedisCluster | None = None
+        self._owns_connection = False
+        if self.renews:
+            self.connection, self._owns_connection = renewal_client(
+                worker, connection, lock_duration, lock_renew_time
+            )
 
     @property
     def keys(self) -> QueueKeys:
         """The queue's keys: the worker's prefix and queue name."""
         return self._keys
-
-    @property
-    def connection(self) -> redis.Redis | redis.RedisCluster | None:
-        """The synchronous client the manager renews with; ``None`` with renewal off."""
-        return None if self._renewal is None else self._renewal.connection
-
-    @property
-    def manager(self) -> ManagerRef | None:
-        """The running :class:`~actors.LockManager`, for :func:`actors.get_stats`.
-
-        ``None`` before :meth:`start`, after :meth:`close` and with renewal off.
-        """
-        return None if self._renewal is None else self._renewal.manager
 
     @property
     def tracked_jobs(self) -> dict[str, dict[str, Any]]:
@@ -145,14 +153,28 @@ class ActorLockManager:
     # -- the interface the Worker uses ----------------------------------
 
     def start(self) -> None:
-        """Start the manager's thread, on the worker's running loop. Idempotent.
+        """Start the manager, on the worker's running loop. Idempotent.
 
         Raises:
             RuntimeError: No event loop is running in this thread.
         """
-        if self.closing or self._renewal is None or self._renewal.manager is not None:
+        if self.closing or self.connection is None or self.manager is not None:
             return
-        self._renewal.start()
+        self._loop = asyncio.get_running_loop()
+        self.manager = start_link(
+            connection=self.connection,
+            keys=self._keys,
+            lock_duration=self.lock_duration,
+            lock_renew_time=self.lock_renew_time,
+            on_lock_renewal_failed=self._lost_from_thread,
+            on_locks_renewed=self._renewed_from_thread,
+            on_error=self._error_from_thread,
+            max_batch=self._max_batch,
+            isolation=self._isolation,
+        )
+        # Jobs tracked before the start are renewed from now on.
+        for job_id, run in self._runs.items():
+            self._track(job_id, run.token, monotonic_from_wall(run.wall_ms))
 
     def track_job(
         self,
@@ -160,7 +182,7 @@ class ActorLockManager:
         token: str,
         ts: int,
         should_create_controller: bool = False,
-    ) -> AbortController | None:
+    ) -> LockController | None:
         """Renew ``job_id``'s lock, held with ``token``, from now on.
 
         bullmq calls it when the job's processor task starts. A job the fetch
@@ -183,12 +205,14 @@ class ActorLockManager:
         job_id = str(job_id)
         # Seen by untrack_job later in the same task: which run is ending.
         RUN_TOKEN.set(token)
-        controller = AbortController() if should_create_controller else None
+        controller = LockController() if should_create_controller else None
+        if controller is not None:
+            self._signals[(job_id, token)] = controller.signal
         task = _current_task()
         if task is not None:
             task.add_done_callback(self._poke)
-        if self._runs.started(job_id, token, ts, controller, task) and self._renewal is not None:
-            self._renewal.track(job_id, token, monotonic_from_wall(ts))
+        if self._runs.started(job_id, token, ts, controller, task):
+            self._track(job_id, token, monotonic_from_wall(ts))
         self._poke()
         return controller
 
@@ -242,10 +266,10 @@ class ActorLockManager:
         A graceful close goes on renewing every job the worker still
         processes (one whose fetch was answered while closing included) until
         its move is answered; a forced one (``worker.close(force=True)``)
-        stops at once. The manager's thread, the fetch thread and the clients
-        built here are then stopped off the loop, on a thread that has ended
-        when this returns. Every call, the worker's and its ``run()``'s, waits
-        for that one shutdown.
+        stops at once. The manager, the fetch thread and the clients built
+        here are then stopped off the loop, on a thread that has ended when
+        this returns. Every call, the worker's and its ``run()``'s, waits for
+        that one shutdown.
         """
         self.closing = True
         try:
@@ -263,17 +287,14 @@ class ActorLockManager:
     # -- closing ----------------------------------------------------------
 
     async def _shut_down(self) -> None:
-        while self._must_wait():
+        while self.manager is not None and must_wait(
+            self.worker, (r for _, r in self._runs.items())
+        ):
             if self._changed is None:
                 self._changed = asyncio.Event()
             self._changed.clear()
             await self._changed.wait()
         self._finish(await off_the_loop(self._keys.name, self._release_all()))
-
-    def _must_wait(self) -> bool:
-        """Whether a graceful close must go on renewing: a run is still to be moved."""
-        runs = (run for _, run in self._runs.items())
-        return self.manager is not None and must_wait(self.worker, runs)
 
     def _poke(self, *_: object) -> None:
         if self._changed is not None:
@@ -283,34 +304,109 @@ class ActorLockManager:
         """Forget every job; return what stops the threads and clients, to run off the loop."""
         self.closed = True
         self._runs.clear()
+        self._signals.clear()
         fetcher, self.fetcher = self.fetcher, None
-        if self._renewal is None:
-            return stopper(self._keys.name, None, fetcher, None, None)
-        return self._renewal.stopper(fetcher)
+        manager, self.manager = self.manager, None
+        reader, self._reader = self._reader, None
+        conn = self.connection if self._owns_connection else None
+        return stopper(self._keys.name, manager, fetcher, reader, conn)
 
     def _finish(self, failure: BaseException | None) -> None:
         if failure is not None:
             self._runs.emit("error", failure)
 
+    # -- the manager: told from its delivery thread, heard on the loop ---------------
+
+    def _track(self, job_id: str, token: str, taken_ms: int) -> None:
+        """Tell the manager to renew a lock, taken at ``taken_ms`` (monotonic milliseconds)."""
+        # Watched, by this object (see tell): trusted only until its deadline.
+        if self.manager is not None:
+            track_job(self.manager, job_id, token, ts=taken_ms, notify=self)
+
+    def _untrack(self, job_id: str, token: str) -> None:
+        self._signals.pop((job_id, token), None)
+        if self.manager is not None:
+            untrack_job(self.manager, job_id, token=token, notify=self)
+
+    def tell(self, message: object) -> None:
+        """Hear of a lost lock from the manager, as every job's ``notify`` target.
+
+        Told on the manager's delivery thread: the run's signal reads aborted
+        at once, and the loop aborts it for its waiters and emits the events.
+        """
+        if isinstance(message, LockLost):
+            signal = self._signals.get((message.job_id, message.token))
+            if signal is not None:
+                signal.lose(abort_reason(message.job_id, message.reason))
+            self._to_loop(self._on_lost, [(message.job_id, message.token, message.reason)])
+
+    def _to_loop(self, callback: Callable[..., object], *args: object) -> None:
+        """Hand ``callback(*args)`` to the worker's loop from another thread, and return."""
+        loop = self._loop
+        if loop is None or self.closed:
+            return
+        try:
+            loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:
+            logger.debug("worker loop of queue %r closed; report dropped", self._keys.name)
+
+    def _lost_from_thread(self, lost: list[LostLock]) -> None:
+        self._to_loop(self._on_lost, [(item.job_id, item.token, item.reason) for item in lost])
+
+    def _renewed_from_thread(self, job_ids: list[str]) -> None:
+        self._to_loop(self._on_renewed, [str(job_id) for job_id in job_ids])
+
+    def _error_from_thread(self, error: Exception) -> None:
+        self._to_loop(self._runs.emit, "error", error)
+
+    def _on_lost(self, lost: list[tuple[str, str, str]]) -> None:
+        if not self.closed:
+            self._runs.lost(lost)
+
+    def _on_renewed(self, job_ids: list[str]) -> None:
+        if not self.closed:
+            self._runs.emit("locksRenewed", {"count": len(job_ids), "jobIds": job_ids})
+
     # -- runs: taken, moving, moved ----------------------------------------
 
     def taken(self, job_id: str, token: str, sent_ms: int, sent_wall_ms: int) -> None:
         """Track a job the fetch took; runs on the fetch thread, when the server answers."""
-        if self._renewal is not None:
-            self._renewal.taken(job_id, token, sent_ms, sent_wall_ms)
+        # The loop hears of the run before the manager can report on it:
+        # calls handed to the loop keep their order.
+        self._to_loop(self._fetched, job_id, Run(token, sent_wall_ms))
+        self._track(job_id, token, sent_ms)
+
+    def _fetched(self, job_id: str, run: Run) -> None:
+        if not self.closed:
+            self._runs.fetched(job_id, run)
 
     def abandoned(self, job_id: str, token: str) -> None:
         """Untrack a job whose fetch nobody awaits any more: no processor will run it."""
-        if self._renewal is not None:
-            self._renewal.abandoned(job_id, token)
+        self._untrack(job_id, token)
+        self._to_loop(self._runs.release, job_id, token)
 
     def moving(self, job_id: str, token: str) -> bool:
-        """Mark the run holding ``token`` as being moved; return whether one was."""
-        return self._runs.moving(job_id, token)
+        """Mark the run holding ``token`` as being moved; return whether one was.
+
+        The manager goes on renewing the lock, and hears that the move is
+        under way: a lock it then finds gone is the move's doing.
+        """
+        if not self._runs.moving(job_id, token):
+            return False
+        self._releasing(job_id, token, True)
+        return True
 
     def moved(self, job_id: str, token: str, *, stayed: bool) -> None:
         """The move of the run holding ``token`` ended: the job left, or ``stayed`` active."""
+        if stayed and self._runs.get(job_id) is not None:
+            self._releasing(job_id, token, False)
         self._runs.moved(job_id, token, stayed=stayed)
+
+    def _releasing(self, job_id: str, token: str, releasing: bool) -> None:
+        manager = self.manager
+        if manager is not None:
+            with contextlib.suppress(ManagerStopped):
+                manager.tell(TrackJob(job_id, token, notify=self, releasing=releasing))
 
     def release(self, job_id: str, token: str) -> None:
         """Untrack the run holding ``token``, if it is still the job's run."""
@@ -333,11 +429,22 @@ class ActorLockManager:
         counts as held: renewing a lock that is gone costs one report, leaving
         a held one unrenewed loses the job.
         """
-        return True if self._renewal is None else await self._renewal.lock_held(job_id, token)
-
-    def _untrack(self, job_id: str, token: str) -> None:
-        if self._renewal is not None:
-            self._renewal.untrack(job_id, token)
+        if self.closed or self.connection is None:
+            return True
+        if self._reader is None:
+            name = f"bullmq-read-{self._keys.name}"
+            self._reader = concurrent.futures.ThreadPoolExecutor(1, name)
+        try:
+            read = self._reader.submit(lock_holds, self.connection, self._keys, job_id, token)
+            return await asyncio.wrap_future(read)
+        except Exception:
+            logger.warning(
+                "queue %r: could not read job %r's lock after its move failed; renewing it again",
+                self._keys.name,
+                job_id,
+                exc_info=True,
+            )
+            return True
 
 
 def _current_task() -> asyncio.Task[Any] | None:

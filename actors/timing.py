@@ -1,4 +1,4 @@
-"""The timing rules of lock renewal, as pure functions.
+"""The timing rules of lock renewal, and the one rule per kind of argument, as pure functions.
 
 Three windows, all in milliseconds:
 
@@ -11,30 +11,41 @@ A job is due when ``ts + threshold < now``, strictly. With interval equal to
 threshold, a job is renewed every one or two ticks, so it waits at most
 ``lock_renew_time`` (plus one tick's delay) between renewals, well inside its
 ``lock_duration``.
+
+Every door into a manager checks its arguments with the ``require_*``
+functions here, so bad input fails at the caller with the same ``TypeError``
+(a wrong type) or ``ValueError`` (a value out of range), naming the argument.
 """
 
 from __future__ import annotations
 
+import math
+import sys
 import time
 from dataclasses import dataclass
 from itertools import compress
-from typing import TYPE_CHECKING
-
-from actors.validation import MAX_DURATION_MS, require_int
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
 __all__ = [
     "DEFAULT_LOCK_DURATION",
+    "MAX_DURATION_MS",
+    "MAX_TEXT_BYTES",
     "MIN_REDIS_LOCK_DURATION",
     "Timing",
     "check_lock_duration",
     "check_safety_margin",
     "default_safety_margin",
     "due_mask",
+    "is_valid_text",
     "monotonic_ms",
-    "next_deadline",
+    "next_tick",
+    "require_callback",
+    "require_int",
+    "require_text",
+    "resolution_ms",
     "select_due",
 ]
 
@@ -42,16 +53,125 @@ __all__ = [
 DEFAULT_LOCK_DURATION = 30000
 
 #: Shortest lock a manager sets on a Redis server, in milliseconds. Below it
-#: the lock's margin at its latest renewal (half of it, by default) is shorter
+#: the lock's headroom at its latest renewal (half of it, by default) is shorter
 #: than a single ordinary pause of the process or the server (a collection, a
 #: fork for a snapshot, one retransmitted packet), and the value is far more
 #: likely seconds typed for milliseconds (``lock_duration=30``) than meant.
 MIN_REDIS_LOCK_DURATION = 100
 
+#: Longest duration a manager accepts, in milliseconds (about 24.8 days): the
+#: longest delay Node.js timers, and so BullMQ peers, can wait, and far inside
+#: what Redis and ``threading`` accept.
+MAX_DURATION_MS = 2**31 - 1
+
+#: Longest job id or token, in UTF-8 bytes. A tick sends every due id and
+#: token in one script argument; this keeps one call well inside what a server
+#: accepts, so one huge id cannot fail the renewal of the jobs beside it.
+MAX_TEXT_BYTES = 65536
+
+
+# -- arguments ---------------------------------------------------------------
+
+
+def is_valid_text(value: object) -> bool:
+    """Whether ``value`` passes :func:`require_text`, without raising."""
+    if type(value) is not str or not value:
+        return False
+    if value.isascii():
+        return len(value) <= MAX_TEXT_BYTES
+    try:
+        return len(value.encode("utf-8")) <= MAX_TEXT_BYTES
+    except UnicodeEncodeError:
+        return False
+
+
+def require_text(value: object, argument: str) -> str:
+    """Return ``value`` as a plain ``str`` if it is a non-empty one that encodes as UTF-8.
+
+    Lock keys, tokens and the script's packed arguments are UTF-8 on every
+    runtime, so a lone surrogate (as ``surrogateescape`` decoding leaves) could
+    never name a lock. A ``str`` subclass is copied to a plain ``str``: what
+    the manager keeps must not run a caller's methods (``__hash__``,
+    ``__eq__``, ``__repr__``) on its thread.
+
+    Raises:
+        TypeError: ``value`` is not a ``str``.
+        ValueError: ``value`` is empty, longer than :data:`MAX_TEXT_BYTES`
+            bytes, or not encodable as UTF-8.
+    """
+    if is_valid_text(value):
+        return value  # type: ignore[return-value]
+    if not isinstance(value, str):
+        raise TypeError(f"{argument} must be a str, got {type(value).__name__}")
+    # str's own __str__ copies a subclass's characters, calling none of its methods.
+    value = str.__str__(value)
+    if is_valid_text(value):
+        return value
+    if not value:
+        raise ValueError(f"{argument} must not be empty")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{argument} must encode as UTF-8, got {value!r} ({exc.reason} at {exc.start})"
+        ) from None
+    raise ValueError(f"{argument} must be at most {MAX_TEXT_BYTES} bytes, got {size}")
+
+
+def require_int(
+    value: object, argument: str, *, minimum: int = 1, maximum: int | None = None
+) -> int:
+    """Return ``value`` as a plain ``int`` if it is an ``int`` (not a ``bool``) within the bounds.
+
+    An ``int`` subclass (an ``IntEnum``, say) is copied to a plain ``int``, as
+    :func:`require_text` does for ``str``.
+
+    Raises:
+        TypeError: ``value`` is not an ``int``.
+        ValueError: ``value`` is below ``minimum`` or above ``maximum``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{argument} must be an int, got {type(value).__name__}")
+    # int's own __index__ copies a subclass's value, calling none of its methods.
+    value = int.__index__(value)
+    if value < minimum:
+        floor = "positive" if minimum == 1 else f"at least {minimum}"
+        raise ValueError(f"{argument} must be {floor}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{argument} must be at most {maximum}, got {value}")
+    return value
+
+
+def require_callback(value: Any, argument: str) -> None:
+    """Check that ``value`` is callable or ``None``.
+
+    Raises:
+        TypeError: It is neither.
+    """
+    if value is not None and not callable(value):
+        raise TypeError(f"{argument} must be callable or None, got {type(value).__name__}")
+
+
+# -- clocks ------------------------------------------------------------------
+
 
 def monotonic_ms() -> int:
     """Return the monotonic clock in milliseconds: a manager's default clock."""
     return time.monotonic_ns() // 1_000_000
+
+
+def resolution_ms() -> int:
+    """Return how late a thread timer's fire may run with nothing wrong, in milliseconds.
+
+    The clock counts whole milliseconds (one), and a woken thread may wait up
+    to the interpreter's switch interval (``sys.getswitchinterval()``, 5 ms by
+    default) for its turn while another thread runs Python code. Lateness
+    within this says nothing about the process.
+    """
+    return 1 + math.ceil(sys.getswitchinterval() * 1000)
+
+
+# -- the windows -------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +186,9 @@ class Timing:
     Raises:
         TypeError: A duration is not an ``int``.
         ValueError: A duration is not positive or above
-            :data:`~actors.validation.MAX_DURATION_MS`, ``lock_renew_time`` is
-            not below ``lock_duration``, or the timer interval
-            (``lock_renew_time // 2``) would be under 1 ms.
+            :data:`MAX_DURATION_MS`, ``lock_renew_time`` is not below
+            ``lock_duration``, or the timer interval (``lock_renew_time // 2``)
+            would be under 1 ms.
     """
 
     #: The lock TTL, in milliseconds.
@@ -123,8 +243,8 @@ class Timing:
         return self.interval + self.threshold
 
     @property
-    def margin(self) -> int:
-        """Time a lock has left at the latest renewal attempt, in milliseconds."""
+    def headroom(self) -> int:
+        """TTL a plain lock has left at its latest renewal attempt, in milliseconds."""
         return self.lock_duration - self.worst_gap
 
 
@@ -134,13 +254,9 @@ def default_safety_margin(timing: Timing) -> int:
     A watched lock is trusted until ``lock_duration - safety_margin`` after
     the last renewal the server confirmed was sent. A watched lock is renewed
     at every tick, so with the default windows (``lock_duration`` four
-    intervals) three renewals, each given a quarter of the interval by the
-    manager's own client (its command timeout), fit before the deadline, and
-    the half interval left covers the timer's lateness (milliseconds) and
-    the job's reaction to the news, before the server can expire the lock.
-
-    Args:
-        timing: The manager's windows.
+    intervals) three renewals fit before the deadline, and the half interval
+    left covers the timer's lateness (milliseconds) and the job's reaction to
+    the news, before the server can expire the lock.
     """
     return timing.interval // 2
 
@@ -153,11 +269,6 @@ def check_safety_margin(
     The margin must leave at least one timer interval between a renewal's
     send and the deadline it earns, or a watched lock would be declared
     ``"unconfirmed"`` before its next renewal could be confirmed.
-
-    Args:
-        safety_margin: The margin to check, in milliseconds.
-        timing: The manager's windows.
-        argument: The argument's name, for the error.
 
     Raises:
         TypeError: ``safety_margin`` is not an ``int``.
@@ -182,9 +293,6 @@ def check_lock_duration(lock_duration: int) -> None:
     test's clock and lock table; a manager renewing on a Redis server checks
     this too.
 
-    Args:
-        lock_duration: The lock TTL, an ``int`` already checked by :class:`Timing`.
-
     Raises:
         ValueError: ``lock_duration`` is under :data:`MIN_REDIS_LOCK_DURATION`.
     """
@@ -198,6 +306,9 @@ def check_lock_duration(lock_duration: int) -> None:
         f"{MIN_REDIS_LOCK_DURATION} ms are refused: no pause of the process or the server "
         f"can fit in their margin)"
     )
+
+
+# -- due jobs and the tick grid ----------------------------------------------
 
 
 def due_mask(stamps: Mapping[str, int], now: int, threshold: int) -> list[bool]:
@@ -219,20 +330,11 @@ def due_mask(stamps: Mapping[str, int], now: int, threshold: int) -> list[bool]:
 
 
 def select_due(stamps: Mapping[str, int], now: int, threshold: int) -> list[str]:
-    """Return the ids of the jobs due for renewal: ``ts + threshold < now``.
-
-    Args:
-        stamps: Each tracked job's ``ts`` (see :func:`due_mask`).
-        now: The current monotonic time, in milliseconds.
-        threshold: Age in milliseconds after which a job is due.
-
-    Returns:
-        The due ids, in the mapping's order.
-    """
+    """Return the ids of the jobs due (``ts + threshold < now``), in the mapping's order."""
     return list(compress(stamps, due_mask(stamps, now, threshold)))
 
 
-def next_deadline(previous: int, interval: int, now: int) -> int:
+def next_tick(previous: int, interval: int, now: int) -> int:
     """Return the next tick time on the grid ``previous + k * interval``.
 
     Ticks stay on a fixed grid so a slow tick does not push every later one

@@ -13,15 +13,25 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from actors.schedule import monotonic_ms
+from bullmq.abort_controller import AbortController, AbortError, AbortSignal
+
+from actors.timing import monotonic_ms
 
 if TYPE_CHECKING:
     import asyncio
     from collections.abc import Callable, Iterable
 
-    from bullmq.abort_controller import AbortController
-
-__all__ = ["LOCK_LOST", "RUN_TOKEN", "Run", "Runs", "monotonic_from_wall", "wall_ms"]
+__all__ = [
+    "LOCK_LOST",
+    "RUN_TOKEN",
+    "LockController",
+    "LockSignal",
+    "Run",
+    "Runs",
+    "abort_reason",
+    "monotonic_from_wall",
+    "wall_ms",
+]
 
 logger = logging.getLogger("actors.bullmq")
 
@@ -35,6 +45,49 @@ _TAKEN_AGAIN = "taken again"
 RUN_TOKEN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "actors_bullmq_run_token", default=None
 )
+
+
+class LockSignal(AbortSignal):  # type: ignore[misc]
+    """bullmq's ``AbortSignal``, aborted from any thread once the manager knows the lock is lost.
+
+    bullmq's own signal is an ``asyncio.Event``, set on the worker's loop
+    only: behind a processor that blocks the loop it would read ``False``
+    until the processor awaits again. This one also keeps the loss in a plain
+    attribute, written by the manager's delivery thread (one store, read
+    anywhere), so ``signal.aborted`` reads ``True`` right after a call that
+    blocked the loop. Waiters of :meth:`wait` wake once the loop runs.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lost: str | None = None
+
+    @property
+    def aborted(self) -> bool:
+        """Whether the signal was aborted, or the lock is known lost."""
+        return self._lost is not None or self._event.is_set()
+
+    @property
+    def reason(self) -> str | None:
+        """Why: the abort's reason, or the lost lock's."""
+        return self._reason if self._event.is_set() else self._lost
+
+    def throw_if_aborted(self) -> None:
+        """Raise ``AbortError`` if the signal reads aborted."""
+        if self.aborted:
+            raise AbortError(self.reason)
+
+    def lose(self, reason: str) -> None:
+        """Mark the lock lost, from any thread; the loop aborts the signal itself later."""
+        if self._lost is None:
+            self._lost = reason
+
+
+class LockController(AbortController):  # type: ignore[misc]
+    """bullmq's ``AbortController``, with a :class:`LockSignal`."""
+
+    def __init__(self) -> None:
+        self.signal: LockSignal = LockSignal()
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +187,7 @@ class Runs:
             return True
         self._runs[job_id] = replace(run, controller=controller, task=task)
         if controller is not None and run.lost is not None:
-            controller.abort(_abort_reason(job_id, run.lost))
+            controller.abort(abort_reason(job_id, run.lost))
         return False
 
     def fetched(self, job_id: str, run: Run) -> None:
@@ -203,7 +256,7 @@ class Runs:
         """Abort each run's signal, then emit the events bullmq-py emits, once per report."""
         for job_id, run, why in lost:
             if run.controller is not None:
-                run.controller.abort(_abort_reason(job_id, why))
+                run.controller.abort(abort_reason(job_id, why))
         if lost:
             self.emit("lockRenewalFailed", [job_id for job_id, _, _ in lost])
             for job_id, _, _ in lost:
@@ -220,5 +273,6 @@ class Runs:
                 self.emit("error", error)
 
 
-def _abort_reason(job_id: str, why: str) -> str:
+def abort_reason(job_id: str, why: str) -> str:
+    """Return the reason a run's signal is aborted with: ``"lock lost (stolen): job 42"``."""
     return f"{LOCK_LOST} ({why}): job {job_id}"

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
-    from actors.tally import Tally
+    from actors.renewer import BatchOutcome
 
 __all__ = [
     "ATTR_CALLS",
@@ -99,20 +99,23 @@ class TickSpan:
         span.set_attribute(ATTR_LATENESS, late_ms)
         span.set_attribute(ATTR_MARGIN, margin_ms)
 
-    def record(self, tally: Tally, calls: int | None, late_ms: float, margin_ms: float) -> None:
-        """Record a renewal: its outcome, its error, the tick's lateness and the least margin.
+    def record(
+        self, outcome: BatchOutcome | BaseException, calls: int, late_ms: float, margin_ms: float
+    ) -> None:
+        """Record a renewal: its outcome or its error, the tick's lateness and the least margin.
 
         Args:
-            tally: What the renewal decided.
-            calls: The script calls sent, or ``None`` when the renewer raised
-                (no outcome to record).
-            late_ms: How late the last timer tick ran, in ms.
+            outcome: What the renewer returned, or what it raised.
+            calls: The script calls sent.
+            late_ms: How late the tick ran, in ms.
             margin_ms: The least time a due lock had left, in ms.
         """
-        if calls is not None:
-            self.finish(tally.lost, calls)
-        if tally.failure is not None:
-            self.error(tally.failure)
+        if isinstance(outcome, BaseException):
+            self.error(outcome)
+        else:
+            self.finish(outcome.failed, calls)
+            if outcome.errors:
+                self.error(outcome.errors[0].error)
         self.lateness(late_ms, margin_ms)
 
     def error(self, exc: BaseException) -> None:

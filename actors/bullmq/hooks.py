@@ -1,5 +1,7 @@
 """Where a bullmq ``Worker`` takes, gives up and moves its jobs, wrapped to keep them tracked.
 
+And the client its locks are renewed with, and what its close must wait for and stop.
+
 - The fetch (the ``moveToActive`` script, which takes a job and its lock)
   runs on a thread with a client of its own, and tracks the job there as
   soon as the server answers: a blocked loop delays neither.
@@ -22,17 +24,30 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import msgpack
+import pykka
+import redis
 import redis.asyncio
 
-from actors.connection import client_like
-from actors.schedule import monotonic_ms
+from actors.api import stop
+from actors.connection import client_for_url, client_like, command_timeout
+from actors.timing import Timing, monotonic_ms
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Iterable
 
-    from actors.bullmq._manager import ActorLockManager
+    from actors.bullmq.manager import ActorLockManager
+    from actors.bullmq.runs import Run
+    from actors.ref import ManagerRef
 
-__all__ = ["Fetcher", "hook_worker"]
+__all__ = [
+    "Fetcher",
+    "attempt",
+    "hook_worker",
+    "must_wait",
+    "off_the_loop",
+    "renewal_client",
+    "stopper",
+]
 
 logger = logging.getLogger("actors.bullmq")
 
@@ -78,7 +93,9 @@ class Fetcher:
 
     def __init__(self, owner: ActorLockManager, script: Any, conn: redis.asyncio.Redis) -> None:
         self._owner = owner
-        self._client = client_like(conn, interval_ms=owner.lock_duration, bounded=False, retries=0)
+        # Connecting is bounded by a lock's length; the answer is awaited as long as it takes.
+        timeout = owner.lock_duration / 1000
+        self._client = client_like(conn, timeout=timeout, bounded=False, retries=0)
         self._script = self._client.register_script(script.script)
         self._decode = conn.get_encoder().decode  # type: ignore[no-untyped-call]
         self._prefix = owner.keys.key_prefix
@@ -268,3 +285,115 @@ def hook_worker(worker: Any, owner: ActorLockManager) -> None:
             )
             continue
         setattr(backend, name, moving(owner, move, stays_when=stays_when))
+
+
+# -- the renewal client, and the close --------------------------------------------
+
+#: Longest wait for the manager to stop when the worker closes, in seconds.
+_STOP_S = 10.0
+
+
+def renewal_client(
+    worker: Any,
+    connection: redis.Redis | redis.RedisCluster | str | None,
+    lock_duration: int,
+    lock_renew_time: int,
+) -> tuple[redis.Redis | redis.RedisCluster, bool]:
+    """Return the client to renew the worker's locks with, and whether it was built here.
+
+    A client built here (from a URL, or from the worker's ``connection``
+    option) has timeouts that keep a failed tick well under one interval;
+    the caller closes it.
+
+    Raises:
+        TypeError: A duration is not an ``int``, or the connection cannot be used.
+        ValueError: The durations cannot make a schedule.
+    """
+    try:
+        timing = Timing(lock_duration, lock_renew_time)
+    except (TypeError, ValueError) as error:
+        raise type(error)(
+            f"worker options lockDuration={lock_duration!r}, "
+            f"lockRenewTime={lock_renew_time!r}: {error}"
+        ) from error
+    if connection is None:
+        options = worker.opts.get("connection", {})
+        if isinstance(options, (redis.asyncio.RedisCluster, redis.RedisCluster)):
+            raise TypeError(
+                "the worker talks to a Redis Cluster: pass the renewal client yourself, "
+                "use_actor_lock_manager(worker, connection=actors.connection."
+                f"cluster_client(url, interval_ms={timing.interval}))"
+            )
+        return client_like(options, timeout=command_timeout(timing)), True
+    if isinstance(connection, str):
+        return client_for_url(connection, timeout=command_timeout(timing)), True
+    if not isinstance(connection, (redis.Redis, redis.RedisCluster)):
+        raise TypeError(
+            "connection must be a redis.Redis, a redis.RedisCluster or a URL, "
+            f"got {type(connection).__name__}"
+        )
+    return connection, False
+
+
+def must_wait(worker: Any, runs: Iterable[Run]) -> bool:
+    """Whether a graceful close must go on renewing: a run is still to be moved."""
+    if getattr(worker, "forceClosing", False):
+        return False
+    running = bool(getattr(worker, "running", False))
+    # The worker's own processing tasks: a run tracked by other code (a
+    # test, a tool) is not the worker's to finish.
+    processing = getattr(worker, "processing", ())
+    for run in runs:
+        if run.task is not None and not run.task.done() and run.task in processing:
+            return True
+        # Fetched, not yet processed: run() processes it while it runs.
+        if run.task is None and running:
+            return True
+    return False
+
+
+def stopper(
+    name: str,
+    manager: ManagerRef | None,
+    fetcher: Fetcher | None,
+    reader: concurrent.futures.ThreadPoolExecutor | None,
+    conn: redis.Redis | redis.RedisCluster | None,
+) -> Callable[[], None]:
+    """Return what stops the given threads and closes ``conn``, to run off the loop."""
+
+    def release() -> None:
+        if fetcher is not None:
+            fetcher.close()
+        if reader is not None:
+            reader.shutdown(wait=True)
+        if manager is not None:
+            try:
+                stop(manager, timeout=_STOP_S)
+            except pykka.Timeout:
+                # The worker's close must end: say so, and leave the
+                # manager's daemon threads to the process.
+                raise TimeoutError(
+                    f"the lock manager of queue {name!r} did not stop within {_STOP_S:.0f} s"
+                ) from None
+        if conn is not None:
+            conn.close()
+
+    return release
+
+
+async def off_the_loop(name: str, action: Callable[[], None]) -> BaseException | None:
+    """Run ``action`` on a thread of its own, ended when this returns; return what it raised."""
+    closer = concurrent.futures.ThreadPoolExecutor(1, f"bullmq-close-{name}")
+    try:
+        return await asyncio.wrap_future(closer.submit(attempt, action))
+    finally:
+        closer.shutdown(wait=True)
+
+
+def attempt(action: Callable[[], None]) -> BaseException | None:
+    """Run ``action``; return the error it raised, if any."""
+    try:
+        action()
+    except Exception as error:
+        return error
+    return None

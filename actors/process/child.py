@@ -1,0 +1,316 @@
+"""The child of a process-mode manager: its timer, its renewals, its cleanup when the worker dies.
+
+Started by :class:`~actors.process.ProcessLockManager` as ``python -c ...
+SOCKET MEMFD`` with one end of a socket pair and the shared deadline cells.
+It holds no claim and tells no target: the worker's manager decides all of
+that and tells the child the state of each lock (``set``: its token, stamp,
+whether somebody watches it, and its cell; ``drop``). The child renews on
+its own grid with its own Redis client, writes each watched lock's
+confirmation into its cell, and says what each tick did (a
+:class:`~actors.process.shared.Tick`). One thread renews and reads the
+worker's words; one other writes the child's, so no renewal ever waits for
+a worker that reads nothing for a while (a GIL hold).
+
+When the worker is gone (the socket closes, or, where Linux offers it, the
+worker's process handle says it ended), the child deletes each lock it was
+renewing with ``releaseLock-1.lua`` (only a lock that still holds its token)
+and exits. Told to stop, it leaves the locks alone: the worker releases its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import queue
+import signal
+import threading
+from multiprocessing.connection import Connection, wait
+from typing import TYPE_CHECKING, Any, Final
+
+from actors.books import Books, Report
+from actors.connection import client_like, command_timeout
+from actors.keys import QueueKeys
+from actors.process.shared import Tick, map_cells
+from actors.renewer import BatchOutcome
+from actors.scripts import RedisRenewer
+from actors.timing import Timing, monotonic_ms, next_tick
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["main", "portable"]
+
+logger = logging.getLogger("actors.process.child")
+
+#: Most seconds the child waits for its last words to go out as it ends.
+WAIT_S: Final = 5.0
+#: First pause before a failed tick is tried again, in ms (as the worker's manager).
+RETRY_MS: Final = 10
+
+
+class _Watched:
+    """The one target of every watched lock in the child: the lock is renewed at every tick."""
+
+    def tell(self, message: object) -> None:
+        """Nobody to tell here: the worker's manager tells the real targets."""
+
+
+_WATCHED: Final = _Watched()
+
+
+def portable(error: BaseException) -> Exception:
+    """Return ``error`` if it crosses a pickle unchanged in type, else a ``RuntimeError`` of it."""
+    try:
+        if isinstance(error, Exception) and type(pickle.loads(pickle.dumps(error))) is type(error):
+            return error
+    except Exception:  # any failure to pickle means: describe it instead
+        pass
+    return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+def main(argv: list[str]) -> int:
+    """Run the child: ``argv`` holds the socket's and the shared memory's descriptors.
+
+    Returns:
+        The exit code: 0 once stopped or once the worker is gone, 1 if it could not start.
+    """
+    # A Ctrl-C reaches the terminal's whole group: the child ends after its worker.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn = Connection(int(argv[0]))
+    try:
+        config = conn.recv()[0][1]
+        child = Child(conn, int(argv[1]), config)
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            conn.send([("failed", portable(exc))])
+        return 1
+    conn.send([("ready", os.getpid())])
+    return child.run()
+
+
+class _LogForward(logging.Handler):
+    """Sends the child's log lines to the worker, which logs them as its own."""
+
+    def __init__(self, post: Callable[[tuple[Any, ...]], None], level: int) -> None:
+        super().__init__(level)
+        self._post = post
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Send one record, formatted (with its traceback, if any)."""
+        try:
+            self._post(("log", record.levelno, record.name, self.format(record)))
+        except Exception:
+            self.handleError(record)
+
+
+class Child:
+    """The child's state: its locks, its grid, its client, the cells and the writer.
+
+    Args:
+        conn: The child's end of the socket pair.
+        memfd: The shared cells' descriptor.
+        config: What the worker's manager sent: the connection, the queue,
+            the windows, the log level, the worker's pid.
+    """
+
+    def __init__(self, conn: Connection, memfd: int, config: dict[str, Any]) -> None:
+        self._conn = conn
+        self._out: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write, name="child-writer", daemon=True)
+        self._map, self._cells = map_cells(memfd, config["slots"])
+        os.close(memfd)
+        self._parent: int = config["parent"]
+        self._pidfd = _parent_handle(self._parent)
+        package = logging.getLogger("actors")
+        package.propagate = False
+        package.setLevel(config["log_level"])
+        package.addHandler(_LogForward(self._out.put, config["log_level"]))
+        self._keys = QueueKeys.as_bullmq_names(config["queue"], config["prefix"])
+        self._timing = timing = Timing(config["lock_duration"], config["lock_renew_time"])
+        margin = config["safety_margin"]
+        self._client = client_like(config["connection"], timeout=command_timeout(timing, margin))
+        self._renewer = RedisRenewer(self._client, self._keys, timing, margin, config["max_batch"])
+        self._max_batch: int = config["max_batch"]
+        # Margin 0: the child lets a watched lock go only once the server may
+        # have expired it; the worker's manager, with the margin, decides first.
+        self._books = Books(timing.lock_duration, 0)
+        #: The cell of each watched lock that has one.
+        self._slots: dict[str, int] = {}
+        self._freed: list[int] = []
+        self._requests: list[int] = []
+        self._grid = monotonic_ms() + timing.interval
+        self._retry: int | None = None
+        self._failed = 0
+
+    # -- the loop ------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Serve the worker until it stops the child or is gone; return the exit code."""
+        self._writer.start()
+        self._renewer.probe()
+        watched: list[Any] = [self._conn]
+        if self._pidfd is not None:
+            watched.append(self._pidfd)
+        if os.getppid() != self._parent:
+            return self._end(release=True)
+        while True:
+            now = monotonic_ms()
+            due_at = self._grid if self._retry is None else min(self._grid, self._retry)
+            ready = wait(watched, max(0, due_at - now) / 1000)
+            if self._pidfd is not None and self._pidfd in ready:
+                return self._end(release=True)
+            if self._conn in ready:
+                try:
+                    words = self._conn.recv()
+                except (EOFError, OSError):
+                    return self._end(release=True)
+                for word in words:
+                    if word[0] == "stop":
+                        return self._end(release=False)
+                    try:
+                        self._handle(word)
+                    except Exception:
+                        logger.warning("the child dropped a %r word", word[0], exc_info=True)
+            now = monotonic_ms()
+            if now >= self._grid:
+                self._tick("grid", now, self._grid)
+                self._grid = next_tick(self._grid, self._timing.interval, monotonic_ms())
+            elif self._retry is not None and now >= self._retry:
+                self._retry = None
+                self._tick("retry", now, now)
+            elif self._requests:
+                self._tick("now", now, now)
+
+    def _handle(self, word: tuple[Any, ...]) -> None:
+        kind = word[0]
+        jobs = self._books.jobs
+        if kind == "set":
+            _, job_id, token, ts, watched, slot = word
+            if jobs.tokens.get(job_id) != token:
+                self._drop(job_id)
+                jobs.track(job_id, token, ts)
+            if watched and not jobs.watched(job_id):
+                jobs.track(job_id, token, ts, _WATCHED, margin=0)
+            elif not watched and jobs.watched(job_id):
+                jobs.untrack(job_id, token, _WATCHED)
+            self._slots.pop(job_id, None)
+            if slot is not None:
+                self._slots[job_id] = slot
+                # What the worker knows of the lock may be older than this child's last renewal.
+                self._cells[slot] = max(int(self._cells[slot]), jobs.stamps[job_id])
+        elif kind == "drop":
+            self._drop(word[1])
+        elif kind == "release":
+            _, locks = word
+            for job_id, _token in locks:
+                self._drop(job_id)
+            with contextlib.suppress(Exception):  # logged by the renewer; the TTL does the rest
+                self._renewer.release(locks)
+        elif kind == "retire":
+            self._freed.extend(word[1])
+        elif kind == "extend":
+            self._requests.append(word[1])
+
+    def _drop(self, job_id: str) -> None:
+        self._books.jobs.untrack(job_id, everyone=True)
+        self._slots.pop(job_id, None)
+
+    # -- a tick --------------------------------------------------------------------
+
+    def _tick(self, kind: str, now: int, at: int) -> None:
+        books, jobs = self._books, self._books.jobs
+        due, tokens = jobs.due(at, self._timing.threshold)
+        oldest = jobs.oldest(due) if due else None
+        outcome: BatchOutcome | BaseException = BatchOutcome([], [])
+        if due:
+            try:
+                outcome = self._renewer(due, tokens)
+            except BaseException as exc:
+                outcome = exc
+        answered = monotonic_ms()
+        report = Report()
+        books.apply(due, tokens, outcome, at, answered, report)
+        cells, slots = self._cells, self._slots
+        if slots:
+            for job_id in report.renewed:
+                slot = slots.get(job_id)
+                if slot is not None:
+                    cells[slot] = at
+        for lost in report.lost:
+            slots.pop(lost.job_id, None)
+        self._retry = None
+        if report.error is not None:
+            self._failed += 1
+            pause = min(self._timing.interval // 4, RETRY_MS << min(self._failed - 1, 16))
+            self._retry = answered + max(1, pause)
+        else:
+            self._failed = 0
+        tick = Tick(
+            kind=kind,
+            at=at,
+            late_ms=now - at if kind == "grid" else 0,
+            jobs=len(due),
+            calls=-(-len(due) // self._max_batch),
+            elapsed_ms=float(answered - now),
+            answered=answered,
+            renewed=report.renewed,
+            lost=[(lost.job_id, lost.token, lost.reason, lost.detail) for lost in report.lost],
+            error=None if report.error is None else portable(report.error),
+            unknown=report.unknown,
+            oldest=oldest,
+            requests=self._requests,
+            freed=self._freed,
+        )
+        self._requests, self._freed = [], []
+        self._out.put(("tick", tick))
+
+    # -- the end ---------------------------------------------------------------------
+
+    def _end(self, *, release: bool) -> int:
+        """When the worker is gone, delete the locks still holding its tokens; then exit (0)."""
+        if release:
+            jobs = self._books.jobs
+            with contextlib.suppress(Exception):  # logged by the renewer; the TTL does the rest
+                self._renewer.release(list(jobs.tokens.items()))
+        self._out.put(None)
+        self._writer.join(WAIT_S)
+        self._client.close()
+        return 0
+
+    def _write(self) -> None:
+        """Send what the child has to say, in batches, until told to end (the writer thread)."""
+        while True:
+            word = self._out.get()
+            batch = [] if word is None else [word]
+            end = word is None
+            while not end:
+                try:
+                    more = self._out.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    end = True
+                else:
+                    batch.append(more)
+            if batch:
+                try:
+                    self._conn.send(batch)
+                except (OSError, ValueError):
+                    return  # the worker is gone
+            if end:
+                return
+
+
+def _parent_handle(parent: int) -> int | None:
+    """Return a descriptor that is readable once process ``parent`` ended, or ``None``.
+
+    Only where the system offers process handles (Linux' ``pidfd_open``);
+    elsewhere the closing socket alone says the worker is gone.
+    """
+    if hasattr(os, "pidfd_open"):
+        with contextlib.suppress(OSError):
+            return os.pidfd_open(parent)
+    return None

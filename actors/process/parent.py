@@ -1,0 +1,574 @@
+"""The worker's half of a process-mode manager: the same books and doors, renewals in a child.
+
+A :class:`ProcessLockManager` keeps every claim, makes every decision and
+tells every target, as a thread-mode manager does; what it does not do is
+renew. A child process (see :mod:`actors.process.child`) holds the timer's
+grid and the Redis client, and renews with no GIL of the worker's in the
+way. The manager tells the child each lock's state as it changes, applies
+what each of the child's ticks did, and keeps the deadlines of its watched
+locks with a timer of its own, reading the confirmations the child writes
+into shared cells: a child that hangs, dies or restarts slowly never leaves
+a watcher untold past its deadline.
+
+A child that dies is started again on the manager's reader thread, so the
+manager's own thread keeps answering meanwhile; the new child is given
+every lock with the time of its last confirmed renewal, so a restart loses
+no healthy lock whose trust outlasts the restart.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import logging
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+
+import pykka
+import redis
+import redis.asyncio
+from pykka._envelope import Envelope
+
+import actors.messages as m
+from actors.books import Report
+from actors.connection import client_settings, encoding, is_cluster
+from actors.lock_manager import Fired, LockManager, TicksFirst
+from actors.process.shared import Cells, SharedValidity, Tick
+from actors.scripts import DEFAULT_MAX_BATCH
+from actors.timer import ThreadTimer
+from actors.timing import DEFAULT_LOCK_DURATION, check_lock_duration
+
+if TYPE_CHECKING:
+    import queue
+    from collections.abc import Callable
+
+    from actors.connection import Client
+    from actors.keys import QueueKeys
+    from actors.messages import LostLock
+    from actors.renewer import Renewer
+    from actors.timer import TimerFactory
+
+__all__ = [
+    "MAX_RESTARTS",
+    "RESTART_WINDOW_S",
+    "START_TIMEOUT_S",
+    "STOP_TIMEOUT_S",
+    "ProcessLockManager",
+    "connection_spec",
+]
+
+logger = logging.getLogger("actors.lock_manager")
+
+#: Most seconds a child may take to start and answer that it is ready.
+START_TIMEOUT_S: Final = 30.0
+#: Most seconds a stopping child is waited for before it is killed.
+STOP_TIMEOUT_S: Final = 5.0
+#: Restarts within :data:`RESTART_WINDOW_S` after which the manager gives up and stops.
+MAX_RESTARTS: Final = 5
+#: The window of :data:`MAX_RESTARTS`, in seconds.
+RESTART_WINDOW_S: Final = 60.0
+#: Words sent in one write at most.
+_BATCH: Final = 512
+
+#: The folder holding the package, put first on the child's path so that it
+#: imports this very ``actors``, wherever it was imported from.
+_ROOT: Final = str(Path(__file__).resolve().parents[2])
+_BOOT: Final = (
+    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "from actors.process.child import main; sys.exit(main(sys.argv[2:]))"
+)
+
+
+def connection_spec(connection: object) -> str | dict[str, Any]:
+    """Return what the child builds its client from: the URL, or a client's settings.
+
+    Raises:
+        TypeError: ``connection`` is missing, a cluster or asyncio client, or
+            a client whose settings cannot be sent to another process.
+        ValueError: The client's encoding is not UTF-8.
+    """
+    if isinstance(connection, str):
+        return connection
+    if connection is None:
+        raise TypeError("connection is required (a redis.Redis or a URL)")
+    if is_cluster(connection) or isinstance(connection, redis.asyncio.RedisCluster):
+        raise TypeError(
+            "isolation='process' does not take a Redis Cluster client yet: use "
+            "isolation='thread' with actors.connection.cluster_client(...)"
+        )
+    if not isinstance(connection, redis.Redis):
+        raise TypeError(
+            "with isolation='process', connection must be a redis.Redis or a URL, "
+            f"got {type(connection).__name__}"
+        )
+    name = encoding(connection)
+    if name.replace("_", "-").lower() not in ("utf-8", "utf8"):
+        raise ValueError(
+            f"connection encodes with {name!r}; lock keys and tokens are UTF-8: build the "
+            "client with encoding='utf-8'"
+        )
+    settings = client_settings(connection)
+    try:
+        pickle.dumps(settings)
+    except Exception as exc:
+        raise TypeError(
+            "the client's settings cannot be sent to the child process "
+            f"({type(exc).__name__}: {exc}): pass the server's URL instead"
+        ) from None
+    return settings
+
+
+# -- the child's life ---------------------------------------------------------------
+
+
+@dataclass
+class Child:
+    """One child process and the socket to it."""
+
+    generation: int
+    process: subprocess.Popen[bytes]
+    conn: Connection
+
+
+def spawn(config: dict[str, Any], memfd: int, generation: int) -> Child:
+    """Start a child with ``config`` and the shared cells, and wait until it says it is ready.
+
+    A plain subprocess rather than ``multiprocessing``'s spawn: it does not
+    import the worker's ``__main__`` again, starts no resource tracker, and
+    passes exactly two descriptors, the socket and the cells.
+
+    Raises:
+        RuntimeError: It did not start, or said why it could not.
+    """
+    ours, theirs = socket.socketpair()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-c", _BOOT, _ROOT, str(theirs.fileno()), str(memfd)],
+            pass_fds=(theirs.fileno(), memfd),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    conn = Connection(ours.detach())
+    try:
+        conn.send([("start", config)])
+        if not conn.poll(START_TIMEOUT_S):
+            raise RuntimeError(f"the child did not start within {START_TIMEOUT_S:g} s")
+        kind, detail = conn.recv()[0]
+    except BaseException as exc:
+        conn.close()
+        end(process)
+        if isinstance(exc, EOFError):
+            raise RuntimeError(
+                f"the child process exited with code {process.returncode} before it "
+                "was ready (see its output above)"
+            ) from None
+        raise
+    if kind != "ready":
+        conn.close()
+        end(process)
+        if isinstance(detail, Exception):
+            raise detail
+        raise RuntimeError(f"the child process could not start: {detail}")
+    return Child(generation, process, conn)
+
+
+def end(process: subprocess.Popen[bytes]) -> None:
+    """Kill ``process`` if it still runs, and reap it: no zombie is left."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(STOP_TIMEOUT_S)
+
+
+@dataclass(frozen=True, slots=True)
+class ChildSaid:
+    """A word of the child's for the manager's thread (internal: never sent by users)."""
+
+    #: ``"tick"`` (a :class:`Tick`), ``"up"`` (a new :class:`Child`) or ``"failed"``.
+    kind: str
+    payload: Any
+
+
+# -- the manager ---------------------------------------------------------------------
+
+
+class ProcessLockManager(LockManager, isolation="process"):
+    """A :class:`~actors.LockManager` whose timer and renewals run in a child process.
+
+    Start it with ``start_link(..., isolation="process")``. The same doors,
+    messages, callbacks, leases and stats; ``connection`` must be a URL or a
+    ``redis.Redis``, and ``renewer``, ``clock`` and ``timer`` are refused
+    (they would be the worker's code in the child).
+
+    Raises:
+        TypeError: An argument has the wrong type, or a seam is given.
+        ValueError: A duration is out of range, or the client's encoding is not UTF-8.
+        RuntimeError: The child process did not start.
+    """
+
+    @staticmethod
+    def _create_actor_inbox() -> queue.Queue[Any]:
+        return TicksFirst(urgent=(Fired, ChildSaid))
+
+    def __init__(
+        self,
+        *,
+        connection: Client | str | None = None,
+        keys: QueueKeys,
+        lock_duration: int = DEFAULT_LOCK_DURATION,
+        lock_renew_time: int | None = None,
+        on_lock_renewal_failed: Callable[[list[LostLock]], object] | None = None,
+        on_locks_renewed: Callable[[list[str]], object] | None = None,
+        on_error: Callable[[Exception], object] | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_hold: int | None = None,
+        renewer: Renewer | None = None,
+        clock: Callable[[], int] | None = None,
+        timer: TimerFactory | None = None,
+        safety_margin: int | None = None,
+        isolation: str = "process",
+    ) -> None:
+        for name, given in (("renewer", renewer), ("clock", clock), ("timer", timer)):
+            if given is not None:
+                raise TypeError(
+                    f"isolation='process' takes no {name}: the child process renews with its "
+                    "own client, clock and timer"
+                )
+        self._cells = Cells(getattr(keys, "name", "?"))
+        try:
+            self._setup(
+                keys=keys,
+                lock_duration=lock_duration,
+                lock_renew_time=lock_renew_time,
+                on_lock_renewal_failed=on_lock_renewal_failed,
+                on_locks_renewed=on_locks_renewed,
+                on_error=on_error,
+                max_batch=max_batch,
+                max_hold=max_hold,
+                clock=None,
+                timer=None,
+                safety_margin=safety_margin,
+                validity=self._cells.validity,
+            )
+            check_lock_duration(self._timing.lock_duration)
+            self._config: dict[str, Any] = {
+                "connection": connection_spec(connection),
+                "queue": keys.name,
+                "prefix": keys.prefix,
+                "lock_duration": self._timing.lock_duration,
+                "lock_renew_time": self._timing.lock_renew_time,
+                "safety_margin": self.safety_margin,
+                "max_batch": self._max_batch,
+                "log_level": logging.getLogger("actors").getEffectiveLevel(),
+                "parent": os.getpid(),
+                "slots": self._cells.slots,
+            }
+            self._child: Child | None = spawn(self._config, self._cells.fd, 1)
+        except BaseException:
+            self._cells.close()
+            raise
+        self._books.jobs.touched = {}
+        self._outbox: list[tuple[Any, ...]] = []
+        self._requests = itertools.count(1)
+        #: Asked "renew now"s, answered once the child's tick says it ran them.
+        self._extends: dict[int, pykka.Future[Any]] = {}
+        self._closing = False
+        self._reader: threading.Thread | None = None
+        _RUNNING.add(self)
+
+    @property
+    def pid(self) -> int | None:
+        """The running child's process id, or ``None``."""
+        child = self._child
+        return None if child is None else child.process.pid
+
+    # -- life -------------------------------------------------------------------------
+
+    def _start_renewing(self) -> None:
+        child = self._child
+        assert child is not None
+        self._reader = threading.Thread(
+            target=self._read,
+            args=(child,),
+            name=f"LockManager-child-{self.queue_name}",
+            daemon=True,
+        )
+        self._reader.start()
+        # The worker's own timer fires only for watched locks' deadlines: the grid is the child's.
+        timer = ThreadTimer(self._fire, f"LockManager-timer-{self.queue_name}", self.clock)
+        self._alarm.start(timer, grid=False)
+
+    def _close_parts(self) -> None:
+        self._closing = True
+        child, self._child = self._child, None
+        if child is not None:
+            with contextlib.suppress(OSError, ValueError):
+                child.conn.send([*self._outbox, ("stop",)])
+            self._outbox = []
+            try:
+                child.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                logger.warning(
+                    "LockManager for queue %r: the child process did not stop; killed",
+                    self.queue_name,
+                )
+            end(child.process)
+            child.conn.close()
+        reader = self._reader
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(STOP_TIMEOUT_S)
+        extends, self._extends = self._extends, {}
+        for reply in extends.values():
+            reply.set(None)
+        timer = self._alarm.close()
+        if timer is not None:
+            timer.close()
+        self._cells.close()
+
+    # -- the child's words, on the reader thread ------------------------------------------
+
+    def _read(self, child: Child) -> None:
+        """Read the child's words; start another child when one dies (the reader thread)."""
+        restarts: list[float] = []
+        while True:
+            try:
+                words = child.conn.recv()
+            except (EOFError, OSError):
+                if self._closing:
+                    return
+                started = self._restart(child, restarts)
+                if started is None:
+                    return
+                child = started
+                continue
+            except Exception:
+                logger.warning("LockManager: an unreadable word from the child", exc_info=True)
+                continue
+            for word in words:
+                if word[0] == "log":
+                    _, level, name, text = word
+                    logging.getLogger(name).log(level, "%s", text)
+                elif word[0] == "tick":
+                    self._said(ChildSaid("tick", word[1]))
+
+    def _restart(self, child: Child, restarts: list[float]) -> Child | None:
+        """Start the next child off the manager's thread; ``None`` when the manager must stop."""
+        end(child.process)
+        child.conn.close()
+        logger.warning(
+            "LockManager for queue %r: its child process ended (exit code %s); starting another",
+            self.queue_name,
+            child.process.returncode,
+        )
+        now = time.monotonic()
+        restarts[:] = [t for t in restarts if now - t < RESTART_WINDOW_S]
+        restarts.append(now)
+        if len(restarts) > MAX_RESTARTS:
+            logger.error(
+                "LockManager for queue %r: its child process ended %d times within %g s; "
+                "the manager stops",
+                self.queue_name,
+                len(restarts),
+                RESTART_WINDOW_S,
+            )
+            self._said(ChildSaid("failed", None))
+            return None
+        try:
+            started = spawn(self._config, self._cells.fd, child.generation + 1)
+        except Exception:
+            if self._closing:
+                return None
+            logger.exception(
+                "LockManager for queue %r: its child process could not be started again; "
+                "the manager stops",
+                self.queue_name,
+            )
+            self._said(ChildSaid("failed", None))
+            return None
+        self._said(ChildSaid("up", started))
+        return started
+
+    def _said(self, said: ChildSaid) -> None:
+        with contextlib.suppress(pykka.ActorDeadError):  # stopping: nobody is left to tell
+            self._mailbox.put(Envelope(said, reply_to=None))
+
+    # -- messages ------------------------------------------------------------------------
+
+    def on_receive(self, message: Any) -> Any:
+        """Handle one message, then tell the child what changed."""
+        try:
+            return super().on_receive(message)
+        finally:
+            self._sync()
+
+    def _sync(self) -> None:
+        """Tell the child the state of each lock that changed; send when the mailbox is empty."""
+        jobs = self._books.jobs
+        touched = jobs.touched
+        assert touched is not None
+        outbox = self._outbox
+        if touched:
+            for job_id in touched:
+                token = jobs.tokens.get(job_id)
+                if token is None:
+                    outbox.append(("drop", job_id))
+                    continue
+                validity = jobs.valid.get(job_id)
+                slot = validity.slot if isinstance(validity, SharedValidity) else None
+                outbox.append(
+                    ("set", job_id, token, jobs.stamps[job_id], jobs.watched(job_id), slot)
+                )
+            touched.clear()
+        retired = self._cells.to_retire()
+        if retired:
+            outbox.append(("retire", retired))
+        # A burst of tracks costs one write; a lone untrack goes at once.
+        if outbox and (len(outbox) >= _BATCH or self._mailbox.empty()):
+            self._flush()
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        child = self._child
+        if child is None:
+            return
+        try:
+            child.conn.send(outbox)
+        except (OSError, ValueError):
+            # The child is gone: the reader starts another, which is given every lock.
+            logger.debug("LockManager for queue %r: the child is gone", self.queue_name)
+
+    def _on_extend(self, message: m.ExtendLocks) -> None:
+        """A "renew now": the child runs it; an ask is answered once its report is delivered."""
+        request = next(self._requests)
+        reply = self._reply_later()
+        if reply is not None:
+            self._extends[request] = reply
+        self._outbox.append(("extend", request))
+
+    def _on_fired(self, message: Fired) -> None:
+        """The worker's own timer, at a watched lock's deadline: tell who is past it."""
+        taken = self._alarm.take(message.at)
+        now, late = (self._alarm.now(message.at), 0) if taken is None else (taken[1], taken[3])
+        report = Report()
+        self._books.unconfirmed(now, report, why=self._why(late))
+        self._arm()
+        self._reporter.send(report)
+
+    def _on_child(self, said: ChildSaid) -> None:
+        if said.kind == "tick":
+            self._apply(said.payload)
+        elif said.kind == "up":
+            self._child = said.payload
+            self._restore()
+        elif said.kind == "failed":
+            self.stop()
+
+    def _apply(self, tick: Tick) -> None:
+        """What a tick of the child did, applied to the books as a thread-mode tick's would be."""
+        books, jobs = self._books, self._books.jobs
+        counters = self._reporter.counters
+        report = Report()
+        now = self._alarm.now(tick.answered)
+        counters.ticks += 1
+        if tick.kind == "grid":
+            self._reporter.late(tick.late_ms)
+        if jobs.watches:
+            books.expire_holds(now, report)
+            orphans = self._bury(report)
+            if orphans:
+                self._outbox.append(("release", orphans))
+        held, stamps = jobs.tokens, jobs.stamps
+        for job_id, token, reason, detail in tick.lost:
+            if held.get(job_id) != token:
+                continue
+            if reason == m.EXPIRED and jobs.releasing(job_id):
+                books.released(job_id)
+            else:
+                books.forget(job_id, reason, report, token=token, detail=detail)  # type: ignore[arg-type]
+        at = tick.at
+        renewed = [job_id for job_id in tick.renewed if job_id in held]
+        for job_id in renewed:
+            # By id: a newer lock of the job was taken after this renewal ran.
+            stamps[job_id] = max(stamps[job_id], at)
+        if jobs.valid:
+            books.unconfirmed(now, report, why=self._why(0))
+        if self._reporter.wants_renewed:
+            report.renewed = renewed
+        report.error, report.unknown = tick.error, tick.unknown
+        if tick.jobs:
+            counters.batch(tick.jobs, tick.calls, tick.elapsed_ms)
+        margin = (
+            None
+            if tick.oldest is None
+            else self._timing.lock_duration - (tick.answered - tick.oldest)
+        )
+        self._reporter.renewal(report, tick.answered, margin, renewed=len(renewed))
+        self._cells.freed(tick.freed)
+        replies = [self._extends.pop(r) for r in tick.requests if r in self._extends]
+        self._arm()
+        self._reporter.send(report, replies)
+
+    def _restore(self) -> None:
+        """Give a new child every lock, with the time of its last confirmed renewal."""
+        jobs = self._books.jobs
+        self._cells.restart()
+        assert jobs.touched is not None
+        jobs.touched.clear()
+        self._outbox = []
+        for job_id, token in jobs.tokens.items():
+            validity = jobs.valid.get(job_id)
+            stamp = jobs.stamps[job_id]
+            slot = None
+            if validity is not None:
+                # The deadline the dead child confirmed last stands.
+                stamp = max(stamp, validity.confirmed)
+                slot = validity.slot if isinstance(validity, SharedValidity) else None
+            self._outbox.append(("set", job_id, token, stamp, jobs.watched(job_id), slot))
+        self._outbox.extend(("extend", request) for request in sorted(self._extends))
+        # Renew what is due at once: the locks aged while no child ran.
+        self._outbox.append(("extend", next(self._requests)))
+        self._flush()
+
+    _handlers: ClassVar[dict[type, Callable[[Any, Any], Any]]] = {
+        **LockManager._handlers,
+        m.ExtendLocks: _on_extend,
+        Fired: _on_fired,
+        ChildSaid: _on_child,
+    }
+
+
+#: The process-mode managers of this process, stopped at its normal exit.
+_RUNNING: weakref.WeakSet[ProcessLockManager] = weakref.WeakSet()
+# A fork has copies of the managers but none of their threads: nothing to stop there.
+os.register_at_fork(after_in_child=_RUNNING.clear)
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    # A worker that exits normally without stopping its managers stops them
+    # here: each child then leaves its locks to the worker's own release, as
+    # after stop(). (Without it the child would see its worker gone, as after
+    # a kill, and delete them.) Managers run on daemon threads: nothing else
+    # stops them.
+    for manager in list(_RUNNING):
+        ref = manager.actor_ref
+        if ref.is_alive():
+            with contextlib.suppress(Exception):  # at exit: nobody is left to tell
+                ref.stop(timeout=STOP_TIMEOUT_S + 1)

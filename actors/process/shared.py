@@ -1,0 +1,182 @@
+"""What a process-mode manager and its child share: the deadline cells, and the words they say.
+
+An anonymous ``memfd`` (no file, nothing to clean up) holds one 64-bit cell
+per watched lock: the send time of its last renewal the server confirmed,
+written by the child each time the server confirms one. Both processes read
+``CLOCK_MONOTONIC``, so a lease's ``check()`` stays one local read, and the
+worker keeps each watched lock's true deadline even while its own threads
+could not run (a GIL hold): the child's word may come late, its cell never.
+
+Words go over a socket pair as lists of tuples (pickled), the first item
+naming the word; the child's tick is a :class:`Tick`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+from actors.jobs import Validity
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+__all__ = ["SLOTS", "Cells", "SharedValidity", "Tick", "map_cells"]
+
+logger = logging.getLogger("actors.lock_manager")
+
+#: Watched locks whose deadline can be shared at once; past it a lock's
+#: deadline follows the child's words alone.
+SLOTS: Final = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """What one tick of the child did, for the worker's manager to apply and report."""
+
+    #: ``"grid"``, ``"retry"`` or ``"now"`` (asked for).
+    kind: str
+    #: The time the tick selected and stamped at, in monotonic ms.
+    at: int
+    #: How late a grid tick ran, in ms.
+    late_ms: int
+    #: How many jobs it sent, in how many script calls, and how long it took (ms).
+    jobs: int
+    calls: int
+    elapsed_ms: float
+    #: When the answer was read, in monotonic ms.
+    answered: int
+    #: The ids renewed, in the batch's order (the worker's stamps follow them).
+    renewed: list[str]
+    #: Each lost lock: ``(job_id, token, reason, detail)``.
+    lost: list[tuple[str, str, str, str]]
+    #: The error of a renewal that did not run, and how many jobs it left unknown.
+    error: Exception | None
+    unknown: int
+    #: The oldest stamp of the batch, for the least margin.
+    oldest: int | None
+    #: The ``"extend"`` requests this tick answers.
+    requests: list[int] = field(default_factory=list)
+    #: The cells the child no longer writes.
+    freed: list[int] = field(default_factory=list)
+
+
+def shared_memory(size: int) -> int:
+    """Return a descriptor of ``size`` bytes of shared memory that no file names."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("actors-deadlines", os.MFD_CLOEXEC)
+    else:  # pragma: no cover (macOS: an unlinked temporary file)
+        with tempfile.TemporaryFile() as file:
+            fd = os.dup(file.fileno())
+    os.ftruncate(fd, size)
+    return fd
+
+
+def map_cells(fd: int, slots: int = SLOTS) -> tuple[mmap.mmap, memoryview]:
+    """Map the cells of descriptor ``fd``: the map, and its cells as 64-bit integers."""
+    mapped = mmap.mmap(fd, slots * 8)
+    return mapped, memoryview(mapped).cast("q")
+
+
+class SharedValidity(Validity):
+    """A watched lock's deadline, read from the cell the child writes: one read, no lock.
+
+    The confirmed send time is the later of the cell's (the child's, as soon
+    as the server answered) and the one the worker's manager learned from
+    the child's words.
+    """
+
+    __slots__ = ("_cells", "_local", "slot")
+
+    def __init__(self, cells: Cells, slot: int, confirmed: int, span: int) -> None:
+        self._cells = cells
+        #: The cell this lock's confirmations are written in.
+        self.slot = slot
+        self._local = confirmed
+        super().__init__(confirmed, span)
+
+    @property
+    def confirmed(self) -> int:
+        """Monotonic ms at which the last confirmed renewal was sent (or the lock taken)."""
+        return max(self._local, int(self._cells.cells[self.slot]))
+
+    @confirmed.setter
+    def confirmed(self, value: int) -> None:
+        self._local = value
+
+    def release(self) -> None:
+        """Give the cell back once the child has let go of it."""
+        self._cells.retire(self.slot)
+
+
+class Cells:
+    """The worker's side of the cells: which watched lock writes in which.
+
+    A cell given back is handed out again only once the child says it
+    writes in it no more (or a new child starts), so a late write of an old
+    lock never lands in a new one's cell.
+
+    Args:
+        queue: The queue's name, for the log.
+        slots: How many cells.
+    """
+
+    def __init__(self, queue: str, slots: int = SLOTS) -> None:
+        self._queue = queue
+        #: The descriptor each child maps.
+        self.fd = shared_memory(slots * 8)
+        self._map, self.cells = map_cells(self.fd, slots)
+        self.slots = slots
+        self._free = list(range(slots - 1, -1, -1))
+        self._retired: list[int] = []
+        self._unsent: list[int] = []
+        self._warned = False
+
+    def validity(self, job_id: str, confirmed: int, span: int) -> Validity:
+        """A new watched lock's deadline record: in a cell, or only local if none is free."""
+        if not self._free:
+            if not self._warned:
+                self._warned = True
+                logger.warning(
+                    "LockManager for queue %r: more than %d watched locks at once; the newest "
+                    "follow the child's words alone (a long GIL hold can then end them early)",
+                    self._queue,
+                    self.slots,
+                )
+            return Validity(confirmed, span)
+        slot = self._free.pop()
+        # Until the child confirms a renewal: the lock's taking.
+        self.cells[slot] = confirmed
+        return SharedValidity(self, slot, confirmed, span)
+
+    def retire(self, slot: int) -> None:
+        """The lock of ``slot`` is watched no more: the cell waits for the child's word."""
+        self._retired.append(slot)
+        self._unsent.append(slot)
+
+    def to_retire(self) -> list[int]:
+        """The cells retired since last asked: to tell the child, which echoes them once done."""
+        unsent, self._unsent = self._unsent, []
+        return unsent
+
+    def freed(self, slots: Iterable[int]) -> None:
+        """The child writes in ``slots`` no more: they can be handed out again."""
+        gone = set(slots)
+        kept = [slot for slot in self._retired if slot not in gone]
+        self._free.extend(slot for slot in self._retired if slot in gone)
+        self._retired = kept
+
+    def restart(self) -> None:
+        """A new child writes nothing yet but what it is told: every retired cell is free."""
+        self._free.extend(self._retired)
+        self._retired, self._unsent = [], []
+
+    def close(self) -> None:
+        """Close the descriptor; the map stays while a lease holds a view of it."""
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
