@@ -73,6 +73,9 @@ ISOLATIONS: Final = ("thread", "process")
 #: First pause before a failed tick is tried again, in ms; it doubles with
 #: each failure in a row, up to a quarter of the interval.
 RETRY_MS: Final = 10
+#: Most seconds a stopping manager waits for the renewal on its way (a
+#: client without a timeout may wait forever; its thread is then left).
+STOP_RENEWAL_S: Final = 10.0
 
 
 def require_isolation(isolation: object) -> str:
@@ -217,7 +220,14 @@ class Renewals(threading.Thread):
         """Finish the renewal on its way, then end; wait for it (not from the thread itself)."""
         self._flights.put(None)
         if self.ident is not None and threading.current_thread() is not self:
-            self.join()
+            self.join(STOP_RENEWAL_S)
+            if self.is_alive():
+                logger.warning(
+                    "LockManager for queue %r: its renewal did not end within %g s (a client "
+                    "without a socket timeout?); its thread is left behind",
+                    self._queue_name,
+                    STOP_RENEWAL_S,
+                )
 
     def run(self) -> None:
         """Say once whether the server answers, then renew each batch sent."""
@@ -366,6 +376,11 @@ class LockManager(pykka.ThreadingActor):
         #: The renewal on its way, if any, and the tick that waits for it to land.
         self._flight: Flight | None = None
         self._waiting: tuple[int | None, list[pykka.Future[Any]]] | None = None
+        try:
+            self._start_threads()
+        except BaseException:
+            _close_quietly(self.queue_name, "renewer", renewer)
+            raise
 
     def _setup(
         self,
@@ -448,25 +463,26 @@ class LockManager(pykka.ThreadingActor):
 
     # -- life -----------------------------------------------------------------------
 
-    def on_start(self) -> None:
-        """Start the delivery and renewal threads, and arm the timer for the first tick."""
-        self.thread = threading.current_thread()
+    def _start_threads(self) -> None:
+        """Start the delivery and renewal threads, and arm the timer for the first tick.
+
+        In the caller's thread, once every check has passed: the timer is
+        armed when ``start`` returns.
+        """
+        timer = self._make_timer(self._fire, f"LockManager-timer-{self.queue_name}")
         self.delivery.start()
-        try:
-            self._start_renewing()
-        except BaseException:
-            self._shutdown()
-            raise
+        self._renewals.start()
+        self._alarm.start(timer)
+
+    def on_start(self) -> None:
+        """Say the manager started (its threads run already)."""
+        self.thread = threading.current_thread()
         logger.debug(
             "LockManager for queue %r started: lock_duration=%d ms, interval=%d ms",
             self.queue_name,
             self._timing.lock_duration,
             self._timing.interval,
         )
-
-    def _start_renewing(self) -> None:
-        self._renewals.start()
-        self._alarm.start(self._make_timer(self._fire, f"LockManager-timer-{self.queue_name}"))
 
     def on_stop(self) -> None:
         """Tell every watcher that nobody renews its lock now; end the threads, close the client."""

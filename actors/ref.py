@@ -57,8 +57,11 @@ class Answer(pykka.ThreadingFuture[T]):
     :mod:`actors.aio`) hear of the answer without a thread blocked on it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, undelivered: bool = False) -> None:
         super().__init__()
+        #: Set as soon as the manager is done, before its reports are delivered:
+        #: asked from the delivery thread, which cannot wait for itself.
+        self.undelivered = undelivered
         self._callbacks_lock = threading.Lock()
         self._callbacks: list[Callable[[Answer[T]], object]] | None = []
 
@@ -259,7 +262,7 @@ class ManagerRef(pykka.ActorRef[Any]):
                 f"a LockManager cannot wait for its own answer to a {type(message).__name__} "
                 "on its own thread; tell it instead"
             )
-        future: Answer[Any] = Answer()
+        future: Answer[Any] = Answer(undelivered=threading.current_thread() is self._manager.delivery)
         try:
             # Answered, failed by the manager's last pass over its mailbox, or
             # refused by the mailbox of a manager that is stopping.

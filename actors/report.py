@@ -303,8 +303,14 @@ class Reporter:
     def send(self, report: Report, replies: Sequence[pykka.Future[Any]] = ()) -> None:
         """Count and log the report's losses; hand it and the replies to the delivery thread."""
         self._log_lost(report.lost)
-        if report or replies:
-            self.thread.put(report, replies)
+        waiting = []
+        for reply in replies:
+            if getattr(reply, "undelivered", False):
+                reply.set(None)  # asked by user code: its own report comes after it
+            else:
+                waiting.append(reply)
+        if report or waiting:
+            self.thread.put(report, waiting)
 
     def _log_lost(self, lost: Sequence[LostLock]) -> None:
         if not lost:

@@ -23,7 +23,7 @@ import redis
 
 import actors
 from actors.embedded import server_url
-from actors.schedule import monotonic_ms
+from actors.timing import monotonic_ms
 
 #: Lock TTL, in milliseconds: short, so the example ends in seconds.
 LOCK_MS = 1500

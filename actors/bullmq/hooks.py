@@ -21,22 +21,21 @@ import functools
 import inspect
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 import pykka
 import redis
 import redis.asyncio
 
-from actors.api import stop
 from actors.connection import client_for_url, client_like, command_timeout
 from actors.timing import Timing, monotonic_ms
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable
 
-    from actors.bullmq.manager import ActorLockManager
     from actors.bullmq.runs import Run
+    from actors.keys import QueueKeys
     from actors.ref import ManagerRef
 
 __all__ = [
@@ -50,6 +49,37 @@ __all__ = [
 ]
 
 logger = logging.getLogger("actors.bullmq")
+
+class Owner(Protocol):
+    """What the wrappers tell the worker's lock manager (an ``Owner``)."""
+
+    lock_duration: int
+    closing: bool
+    fetcher: Fetcher | None
+
+    @property
+    def keys(self) -> QueueKeys:
+        """The queue's keys."""
+        ...
+
+    def taken(self, job_id: str, token: str, sent_ms: int, sent_wall_ms: int) -> None:
+        """A fetch took the job's lock (on the fetch thread)."""
+
+    def abandoned(self, job_id: str, token: str) -> None:
+        """Nobody awaits the fetch that took the job any more."""
+
+    def moving(self, job_id: str, token: str) -> bool:
+        """A move of the job is sent; whether the run holding ``token`` was marked."""
+
+    def moved(self, job_id: str, token: str, *, stayed: bool) -> None:
+        """The move ended: the job left, or ``stayed`` active."""
+
+    def release_unstarted(self, job_id: str, token: str) -> None:
+        """The job was fetched but not handed to its processor."""
+
+    async def lock_held(self, job_id: str, token: str) -> bool:
+        """Whether the job's lock still holds ``token`` (``True`` when unreadable)."""
+
 
 #: ``stays_when`` of a move that never leaves the job active when it answers.
 _NEVER = object()
@@ -91,7 +121,7 @@ class Fetcher:
     answer is decoded as the worker's client would have decoded it.
     """
 
-    def __init__(self, owner: ActorLockManager, script: Any, conn: redis.asyncio.Redis) -> None:
+    def __init__(self, owner: Owner, script: Any, conn: redis.asyncio.Redis) -> None:
         self._owner = owner
         # Connecting is bounded by a lock's length; the answer is awaited as long as it takes.
         timeout = owner.lock_duration / 1000
@@ -181,7 +211,7 @@ def _decoded(reply: Any, decode: Callable[[Any], Any]) -> Any:
 
 
 def moving(
-    owner: ActorLockManager, move: Callable[..., Awaitable[Any]], *, stays_when: object = _NEVER
+    owner: Owner, move: Callable[..., Awaitable[Any]], *, stays_when: object = _NEVER
 ) -> Callable[..., Awaitable[Any]]:
     """Wrap a backend call that moves an active job away, deleting its lock.
 
@@ -224,7 +254,7 @@ def moving(
 
 
 def next_job(
-    owner: ActorLockManager, get_next_job: Callable[[str], Awaitable[Any]]
+    owner: Owner, get_next_job: Callable[[str], Awaitable[Any]]
 ) -> Callable[[str], Awaitable[Any]]:
     """Wrap ``Worker.getNextJob``: a job its fetch took but that is not handed on is let go.
 
@@ -251,7 +281,7 @@ def next_job(
     return fetched
 
 
-def hook_worker(worker: Any, owner: ActorLockManager) -> None:
+def hook_worker(worker: Any, owner: Owner) -> None:
     """Wrap the worker's fetch, ``getNextJob`` and its backend's moves, on this worker only."""
     backend: Any = worker.backend
     scripts: Any = getattr(backend, "scripts", None)
@@ -368,7 +398,7 @@ def stopper(
             reader.shutdown(wait=True)
         if manager is not None:
             try:
-                stop(manager, timeout=_STOP_S)
+                manager.stop(timeout=_STOP_S)
             except pykka.Timeout:
                 # The worker's close must end: say so, and leave the
                 # manager's daemon threads to the process.

@@ -291,6 +291,7 @@ class ProcessLockManager(LockManager, isolation="process"):
         self._extends: dict[int, pykka.Future[Any]] = {}
         self._closing = False
         self._reader: threading.Thread | None = None
+        self._start_threads()
         _RUNNING.add(self)
 
     @property
@@ -301,9 +302,10 @@ class ProcessLockManager(LockManager, isolation="process"):
 
     # -- life -------------------------------------------------------------------------
 
-    def _start_renewing(self) -> None:
+    def _start_threads(self) -> None:
         child = self._child
         assert child is not None
+        self.delivery.start()
         self._reader = threading.Thread(
             target=self._read,
             args=(child,),

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 import pykka
 
 from actors import ExtendLocks, ThreadTimer
-from actors.schedule import monotonic_ms
+from actors.timing import monotonic_ms
 from tests.support import PackedCommands
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     import redis
 
     from actors import ManagerRef, QueueKeys, Renewer
-    from actors.scripts import BatchOutcome
+    from actors.renewer import BatchOutcome
 
 T = TypeVar("T")
 

@@ -50,7 +50,7 @@ from actors import (
     stop,
     track_job,
 )
-from actors.schedule import monotonic_ms
+from actors.timing import monotonic_ms
 from tests.bench.conftest import ASK_TIMEOUT, SEED, env_ints, markdown_table
 from tests.bench.stamping import (
     BASELINE,

@@ -27,7 +27,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from actors.connection import hash_slot
+from actors.keys import hash_slot
 from actors.embedded import EmbeddedServer, free_port
 from tests.support import wait_for
 

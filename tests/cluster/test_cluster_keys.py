@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from actors import LockManager, QueueKeys, start_link, stop, track_job
-from actors.connection import hash_slot
+from actors.keys import hash_slot
 from actors.scripts import script_sha
 from tests.support import Recorder, take_locks
 

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from actors import QueueKeys, get_stats, get_tracked_job_ids, stop, track_job
-from actors.connection import cluster_client, hash_slot
-from actors.scripts import UnconfirmedLossError, script_sha, script_source
+from actors.connection import cluster_client
+from actors.keys import hash_slot
+from actors.renewer import UnconfirmedLossError
+from actors.scripts import script_sha, script_source
 from tests.cluster.conftest import NODE_TIMEOUT_MS, SETTLING
 from tests.support import (
     LockWatch,

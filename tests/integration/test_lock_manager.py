@@ -34,6 +34,7 @@ from actors import (
     track_job,
     untrack_job,
 )
+from actors.connection import command_timeout
 from tests.conftest import Server
 from tests.support import (
     ManualClock,
@@ -415,7 +416,8 @@ def test_a_client_that_can_hold_a_tick_too_long_gets_a_warning_with_the_fix(
 
     (warning,) = [r.getMessage() for r in caplog.records if r.name.startswith("actors")]
     assert said in warning
-    assert "pass socket_timeout=0.05 (or less), or pass a URL" in warning
+    limit = command_timeout(Timing(TTL))
+    assert f"pass socket_timeout={limit:g} (or less), or pass a URL" in warning
 
 
 def test_a_client_bounded_within_the_command_timeout_starts_quietly(

@@ -25,8 +25,8 @@ from actors import (
     stop,
     track_job,
 )
-from actors.lost import STOLEN
-from actors.scripts import UnconfirmedLossError
+from actors.messages import STOLEN
+from actors.renewer import UnconfirmedLossError
 from tests.support import (
     INTERVAL_S,
     TTL,

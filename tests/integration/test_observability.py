@@ -36,7 +36,7 @@ from actors import (
     start_link,
     track_job,
 )
-from actors import _telemetry as telemetry
+import actors.telemetry as telemetry
 from actors.embedded import EmbeddedServer, free_port
 from tests.support import (
     ManualClock,

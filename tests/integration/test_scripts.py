@@ -11,7 +11,8 @@ import redis
 from redis.exceptions import ResponseError
 
 from actors import QueueKeys, extend_locks
-from actors.scripts import EXPIRED, STOLEN, renew_batch, script_sha, script_source
+from actors.messages import EXPIRED, STOLEN
+from actors.scripts import renew_batch, script_sha, script_source
 
 pytestmark = pytest.mark.both_engines
 

@@ -26,8 +26,8 @@ from actors import (
     track_job,
     untrack_job,
 )
-from actors.schedule import Timing
-from actors.scripts import BatchOutcome
+from actors.timing import Timing
+from actors.renewer import BatchOutcome
 from tests.support import (
     INTERVAL_S,
     TTL,

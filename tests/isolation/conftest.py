@@ -11,7 +11,7 @@ __all__ = ["children", "gone"]
 
 
 def children(parent: int | None = None) -> list[int]:
-    """Return the pids of the live manager children (``actors._child``) of ``parent``."""
+    """Return the pids of the live manager children (``actors.process.child``) of ``parent``."""
     parent = os.getpid() if parent is None else parent
     found = []
     for entry in Path("/proc").iterdir():
@@ -24,7 +24,7 @@ def children(parent: int | None = None) -> list[int]:
             continue
         # The command name may hold spaces: the fields after it start at the last ")".
         state, ppid = stat.rsplit(")", 1)[1].split()[:2]
-        if int(ppid) == parent and b"actors._child" in cmdline and state != "Z":
+        if int(ppid) == parent and b"actors.process.child" in cmdline and state != "Z":
             found.append(int(entry.name))
     return found
 

@@ -33,7 +33,7 @@ from actors import (
     track_job,
     untrack_job,
 )
-from actors.isolation import SharedValidity
+from actors.process.shared import SharedValidity
 from actors.messages import TrackJob
 from tests.faults.proxy import FaultProxy
 from tests.isolation.conftest import children, gone
@@ -84,7 +84,7 @@ def test_locks_are_renewed_by_the_child_and_callbacks_run_in_the_worker(
     assert all(redis_client.get(KEYS.lock(j)) == t.encode() for j, t in tokens.items())
     assert sorted(get_tracked_job_ids(manager)) == ["a", "b"]
     assert get_stats(manager).renewed >= 6
-    assert threads == {manager._core.thread}
+    assert threads == {manager._manager.delivery}
     assert [pid for pid in children() if pid != os.getpid()]
 
 
@@ -154,7 +154,7 @@ def test_a_notify_target_is_told_in_the_worker_on_the_managers_thread(
     redis_client.set(KEYS.lock("watched"), "another-worker")
     got = wait_for(lambda: target.got, SOON_S, "the target told")
     assert got == [LockLost("watched", tokens["watched"], "stolen")]
-    assert told_on == [manager._core.thread]
+    assert told_on == [manager._manager.delivery]
     wait_for(recorder.lost, SOON_S, "on_lock_renewal_failed")
     assert not is_tracked(manager, "watched")
 

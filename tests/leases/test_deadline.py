@@ -20,8 +20,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 import actors
 from actors import ExtendLocks, LockLost, LostLock, ManagerRef, QueueKeys, Timing, lease
-from actors.schedule import default_safety_margin, monotonic_ms
-from actors.scripts import BatchOutcome
+from actors.timing import default_safety_margin, monotonic_ms
+from actors.renewer import BatchOutcome
 from tests.support import Inbox, LockTable, ManualClock, ManualTimers, Recorder, settle, tick
 
 KEYS = QueueKeys("deadline")

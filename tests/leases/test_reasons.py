@@ -27,7 +27,7 @@ import redis
 
 import actors
 from actors import LockLost, ManagerRef, QueueKeys, RedisRenewer
-from actors.lost import Reason
+from actors.messages import Reason
 from tests.conftest import Server
 from tests.leases.tools import LOCK_MS, MARGIN_MS, TIMING, CountingLease, Noting
 from tests.support import Recorder, new_token, take_locks, wait_for

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from actors import RedisRenewer
-    from actors.outcome import BatchOutcome
+    from actors.renewer import BatchOutcome
 
 __all__ = ["LOCK_MS", "MARGIN_MS", "TIMING", "CountingLease", "LockTable", "Noting"]
 

@@ -29,7 +29,7 @@ from actors import (
     track_job,
     untrack_job,
 )
-from actors.schedule import Timing
+from actors.timing import Timing
 from tests.support import job_ids, lost_locks, new_token, set_locks
 
 if TYPE_CHECKING:

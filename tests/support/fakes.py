@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from actors.lost import EXPIRED, STOLEN
-from actors.outcome import BatchOutcome, ChunkError
+from actors.messages import EXPIRED, STOLEN
+from actors.renewer import BatchOutcome, ChunkError
 from tests.support.manual import ManualClock
 
 if TYPE_CHECKING:

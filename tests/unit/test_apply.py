@@ -6,9 +6,9 @@ from redis.exceptions import ResponseError
 
 from actors.apply import apply_outcome
 from actors.jobs import Claim, JobTable
-from actors.lost import EXPIRED, STOLEN, UNCONFIRMED, LockLost
-from actors.outcome import BatchOutcome, ChunkError
-from actors.stats import Counters
+from actors.messages import EXPIRED, STOLEN, UNCONFIRMED, LockLost
+from actors.renewer import BatchOutcome, ChunkError
+from actors.report import Counters
 from tests.support import Inbox
 
 LOCK = 30_000

@@ -35,15 +35,15 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import actors
 from actors import ExtendLocks, Lease, LockLost, LostLock, ManagerRef, QueueKeys
 from actors.messages import TrackJob, UntrackJob
-from actors.schedule import Timing
+from actors.timing import Timing
 from tests.leases.tools import LockTable
 from tests.support import ManualClock, ManualTimers, settle
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from actors.lost import Reason
-    from actors.scripts import BatchOutcome
+    from actors.messages import Reason
+    from actors.renewer import BatchOutcome
 
 JOB_IDS = ["j0", "j1", "j2"]
 jobs = st.sampled_from(JOB_IDS)

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors import QueueKeys
-from actors.connection import hash_slot
+from actors.keys import hash_slot
 from actors.keys import hash_tag
 
 #: Text a key may hold: any character that encodes as UTF-8 (no lone surrogate).

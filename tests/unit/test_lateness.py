@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING
 import pytest
 
 from actors import QueueKeys, Timing, start_link, stop
-from actors.timer import resolution_ms
+from actors.timing import resolution_ms
 from tests.support.manual import ManualClock, manual_timer, tick
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from actors.scripts import BatchOutcome
+    from actors.renewer import BatchOutcome
 
 
 class NoStore:

@@ -44,9 +44,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 import actors
 from actors import ExtendLocks, Lease, LockLost, ManagerRef, QueueKeys
-from actors.lost import Reason
-from actors.schedule import Timing, default_safety_margin, next_deadline
-from actors.scripts import EXPIRED, STOLEN, BatchOutcome
+from actors.messages import Reason
+from actors.timing import Timing, default_safety_margin, next_tick
+from actors.messages import EXPIRED, STOLEN
+from actors.renewer import BatchOutcome
 from tests.support import ManualClock, ManualTimers
 
 JOB_IDS = [f"job-{i}" for i in range(5)]
@@ -295,7 +296,7 @@ class LeaseMachine(RuleBasedStateMachine):
             self._unconfirmed(now)
             return
         if message.scheduled is not None:
-            self.grid = next_deadline(at, self.timing.interval, self.clock.now)
+            self.grid = next_tick(at, self.timing.interval, self.clock.now)
         for model in self._held():
             if model.deadline is not None and model.deadline <= now:
                 model.tell("max_hold")

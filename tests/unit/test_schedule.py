@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors import Timing
-from actors.schedule import next_deadline, select_due
-from actors.validation import MAX_DURATION_MS
+from actors.timing import next_tick, select_due
+from actors.timing import MAX_DURATION_MS
 
 
 def test_defaults_are_30000_15000_7500() -> None:
@@ -80,7 +80,7 @@ def test_ticks_stay_on_the_grid_and_an_overrun_fires_at_once_without_a_burst(
 ) -> None:
     now = previous + late
 
-    deadline = next_deadline(previous, interval, now)
+    deadline = next_tick(previous, interval, now)
 
     assert (deadline - previous) % interval == 0
     assert deadline >= previous + interval

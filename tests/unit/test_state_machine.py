@@ -35,8 +35,8 @@ from hypothesis.stateful import (
 
 from actors import LostLock, ManagerRef, ManualTimer, QueueKeys, start_link
 from actors.messages import ExtendLocks, GetTrackedJobIds, TrackJob, UntrackJob
-from actors.schedule import Timing
-from actors.scripts import EXPIRED, STOLEN
+from actors.timing import Timing
+from actors.messages import EXPIRED, STOLEN
 from tests.support import LockTable, ManualClock
 
 ids = st.sampled_from([f"job-{i}" for i in range(8)])

@@ -23,7 +23,7 @@ from actors import (
     track_job,
     untrack_job,
 )
-from actors.validation import MAX_DURATION_MS, MAX_TEXT_BYTES
+from actors.timing import MAX_DURATION_MS, MAX_TEXT_BYTES
 from tests.support import unchecked
 
 # Nothing listens here: these tests must fail before any command is sent.
