@@ -160,9 +160,9 @@ class Child:
             now = monotonic_ms()
             due_at = self._grid if self._retry is None else min(self._grid, self._retry)
             ready = wait(watched, max(0, due_at - now) / 1000)
-            if self._pidfd is not None and self._pidfd in ready:
-                return self._end(release=True)
-            if self._conn in ready:
+            # Every word first, even once the worker is gone: its last tracks count.
+            while self._conn in ready or self._conn.poll(0):
+                ready = []
                 try:
                     words = self._conn.recv()
                 except (EOFError, OSError):
@@ -174,6 +174,8 @@ class Child:
                         self._handle(word)
                     except Exception:
                         logger.warning("the child dropped a %r word", word[0], exc_info=True)
+            if self._pidfd is not None and wait([self._pidfd], 0):
+                return self._end(release=True)
             now = monotonic_ms()
             if now >= self._grid:
                 self._tick("grid", now, self._grid)

@@ -123,10 +123,11 @@ class Cells:
 
     Args:
         queue: The queue's name, for the log.
-        slots: How many cells.
+        slots: How many cells (:data:`SLOTS` when ``None``).
     """
 
-    def __init__(self, queue: str, slots: int = SLOTS) -> None:
+    def __init__(self, queue: str, slots: int | None = None) -> None:
+        slots = SLOTS if slots is None else slots
         self._queue = queue
         #: The descriptor each child maps.
         self.fd = shared_memory(slots * 8)

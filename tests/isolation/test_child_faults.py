@@ -1,0 +1,251 @@
+"""A process-mode manager whose child dies, hangs or restarts: no watcher is left untold, no healthy lock is lost.
+
+Each test watches a lock with both kinds of watcher a worker has, a pykka
+job actor (``notify``) and a lease, faults the child, and checks from a
+second client what the server holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import pykka
+import pytest
+
+from actors import (
+    LockLost,
+    QueueKeys,
+    get_active_job_count,
+    is_tracked,
+    lease,
+    start_link,
+    stop,
+    track_job,
+)
+from actors.process import shared
+from tests.isolation.conftest import children, gone
+from tests.support import Recorder, take_locks, wait_for, wait_ticks
+
+if TYPE_CHECKING:
+    import redis
+
+    from actors import ManagerRef
+    from tests.faults.conftest import FaultRecord
+    from tests.support import Server
+
+KEYS = QueueKeys("child-faults")
+#: The lock's TTL: a restart of the child (175 ms median here, a few times
+#: that on a loaded machine) fits many times in what a lock trusts after its
+#: last confirmed renewal (lock - safety margin - one interval = 1,875 ms).
+LOCK_MS = 3000
+#: Seconds within which something a few ticks bring happens, with a margin.
+SOON_S = 10.0
+
+
+class Watcher(pykka.ThreadingActor):
+    """A job actor watching its lock: keeps what the manager tells it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.told: list[tuple[float, LockLost]] = []
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, LockLost):
+            self.told.append((time.monotonic(), message))
+            return None
+        return list(self.told)
+
+
+class Renewals(Recorder):
+    """A recorder that also says when a job was first renewed after a moment."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[tuple[float, list[str]]] = []
+
+    def on_locks_renewed(self, job_ids: list[str]) -> None:
+        self.times.append((time.monotonic(), list(job_ids)))
+        super().on_locks_renewed(job_ids)
+
+    def first(self, job_id: str, since: float) -> float:
+        """The monotonic time of ``job_id``'s first renewal after ``since``."""
+        return min(at for at, ids in list(self.times) if at > since and job_id in ids)
+
+
+def _start(server: Server, recorder: Recorder) -> ManagerRef:
+    return start_link(
+        connection=server.url,
+        keys=KEYS,
+        lock_duration=LOCK_MS,
+        isolation="process",
+        **recorder.callbacks(),
+    )
+
+
+def test_a_killed_child_loses_no_watched_lock(
+    server: Server, redis_client: redis.Redis, record: FaultRecord
+) -> None:
+    record.fault = "process-mode child SIGKILLed, restarted"
+    record.asserted = "no watcher told, every lock held by its token"
+    recorder = Renewals()
+    manager = _start(server, recorder)
+    tokens = take_locks(redis_client, KEYS, ["actor", "leased", "plain"], LOCK_MS)
+    watcher = Watcher.start()
+    track_job(manager, "actor", tokens["actor"], notify=watcher)
+    track_job(manager, "plain", tokens["plain"])
+    with lease(manager, "leased", tokens["leased"]) as held:
+        # Given watched locks renewed by the child for longer than their TTL
+        wait_for(lambda: recorder.renewed()["actor"] >= 5, SOON_S, "renewals for a while")
+        [first] = children()
+        # When the child is killed
+        killed = time.monotonic()
+        os.kill(first, signal.SIGKILL)
+        # Then another is started, and it renews the watched locks at once
+        [second] = wait_for(lambda: [p for p in children() if p != first], SOON_S, "a new child")
+        wait_for(
+            lambda: recorder.renewed(since=killed)["actor"] >= 1,
+            SOON_S,
+            "a renewal by the new child",
+        )
+        restart_ms = (recorder.first("actor", killed) - killed) * 1000
+        # and keeps renewing them past the TTL the dead child's last renewal set
+        wait_for(lambda: recorder.renewed(since=killed)["actor"] >= 5, SOON_S, "renewals again")
+        held.check()
+    assert gone(first)
+    assert watcher.ask("told") == []
+    assert recorder.lost() == []
+    assert redis_client.mget([KEYS.lock(j) for j in tokens]) == [
+        t.encode() for t in tokens.values()
+    ]
+    assert get_active_job_count(manager) == 2  # the lease left, the others stay
+    assert children() == [second]
+    record.notes = {"restart_ms": round(restart_ms, 1), "lock_ms": LOCK_MS}
+    print(f"\nchild SIGKILLed: the new child renewed {restart_ms:.0f} ms after the kill")
+    stop(manager)
+
+
+def test_a_stopped_child_leaves_no_watcher_untold_before_another_worker_takes_the_job(
+    server: Server, redis_client: redis.Redis, record: FaultRecord
+) -> None:
+    record.fault = "process-mode child SIGSTOPped (hung)"
+    record.asserted = "every watcher told unconfirmed before another worker takes the lock"
+    recorder = Renewals()
+    manager = _start(server, recorder)
+    tokens = take_locks(redis_client, KEYS, ["actor", "leased"], LOCK_MS)
+    watcher = Watcher.start()
+    track_job(manager, "actor", tokens["actor"], notify=watcher)
+    taken: dict[str, float] = {}
+    other = str(uuid.uuid4())
+
+    def another_worker() -> None:
+        # Takes each lock the moment the server lets it go, as a stalled
+        # check and a new worker would.
+        deadline = time.monotonic() + 3 * LOCK_MS / 1000
+        while len(taken) < len(tokens) and time.monotonic() < deadline:
+            for job_id in tokens:
+                if job_id not in taken and redis_client.set(
+                    KEYS.lock(job_id), other, nx=True, px=LOCK_MS
+                ):
+                    taken[job_id] = time.monotonic()
+            time.sleep(0.001)
+
+    with lease(manager, "leased", tokens["leased"]) as held:
+        wait_for(lambda: recorder.renewed()["leased"] >= 3, SOON_S, "a few renewals")
+        [child] = children()
+        # When the child hangs, and another worker waits for the locks
+        os.kill(child, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            taker = threading.Thread(target=another_worker)
+            taker.start()
+            # Then the lease learns it at its first look after the deadline,
+            # and the job actor is told by the worker's own timer
+            lost_at = wait_for(
+                lambda: held.lost and time.monotonic(), 2 * LOCK_MS / 1000, "the lease's loss"
+            )
+            told = wait_for(lambda: watcher.ask("told"), 2 * LOCK_MS / 1000, "the actor told")
+            taker.join()
+        finally:
+            os.kill(child, signal.SIGCONT)
+        assert held.reason == "unconfirmed"
+    (told_at, message), *more = told
+    assert more == []
+    assert message.reason == "unconfirmed"
+    assert sorted(taken) == ["actor", "leased"]
+    # Both before the server let another worker take the lock
+    assert told_at < taken["actor"]
+    assert lost_at < taken["leased"]
+    # and the woken child renews neither of them: the other worker keeps them
+    assert not is_tracked(manager, "actor")
+    wait_ticks(manager, 3, SOON_S)
+    assert redis_client.mget([KEYS.lock(j) for j in tokens]) == [other.encode()] * 2
+    record.notes = {
+        "told_before_taken_ms": round((taken["actor"] - told_at) * 1000, 1),
+        "lease_before_taken_ms": round((taken["leased"] - lost_at) * 1000, 1),
+        "told_after_stop_ms": round((told_at - stopped) * 1000, 1),
+    }
+    print(
+        f"\nchild SIGSTOPped: actor told {record.notes['told_before_taken_ms']} ms, lease "
+        f"{record.notes['lease_before_taken_ms']} ms before another worker took the lock"
+    )
+    stop(manager)
+
+
+def test_queries_are_answered_while_a_new_child_starts(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    recorder = Renewals()
+    manager = _start(server, recorder)
+    tokens = take_locks(redis_client, KEYS, ["j"], LOCK_MS)
+    track_job(manager, "j", tokens["j"], notify=Watcher.start())
+    wait_for(lambda: recorder.renewed()["j"] >= 1, SOON_S, "a renewal")
+    [first] = children()
+    killed = time.monotonic()
+    os.kill(first, signal.SIGKILL)
+    # While the next child starts (a new interpreter: a hundred ms or more),
+    # the manager's own thread answers at once
+    answered = []
+    while not recorder.renewed(since=killed)["j"]:
+        assert is_tracked(manager, "j", timeout=SOON_S)
+        answered.append(time.monotonic())
+    restarted = recorder.first("j", killed)
+    assert [at for at in answered if at < restarted], "no query answered during the restart"
+    stop(manager)
+
+
+def test_a_lease_with_no_shared_cell_follows_the_childs_word(
+    server: Server, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given cells for two watched locks only, and three leases
+    monkeypatch.setattr(shared, "SLOTS", 2)
+    lock_ms = 1000
+    recorder = Renewals()
+    manager = start_link(
+        connection=server.url,
+        keys=KEYS,
+        lock_duration=lock_ms,
+        isolation="process",
+        **recorder.callbacks(),
+    )
+    tokens = take_locks(redis_client, KEYS, ["a", "b", "c"], lock_ms)
+    with contextlib.ExitStack() as stack:
+        held = [stack.enter_context(lease(manager, j, t)) for j, t in tokens.items()]
+        assert [isinstance(h._validity, shared.SharedValidity) for h in held] == [True, True, False]
+        # When every renewal is confirmed for three times the TTL
+        since = time.monotonic()
+        wait_for(
+            lambda: min(recorder.renewed(since=since)[j] for j in tokens) >= 12,
+            SOON_S,
+            "renewals for three TTLs",
+        )
+        # Then the lease without a cell holds too: its deadline moves with the child's word
+        for one in held:
+            one.check()
+    assert recorder.lost() == []
+    stop(manager)
