@@ -6,15 +6,27 @@ socket timeout of a quarter of its timer interval and one immediate retry.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from actors import Timing, get_active_job_count, get_stats
+from actors import Timing, get_active_job_count, get_stats, start_link, stop, track_job
 from tests.faults.conftest import JOBS, KEYS, first_round_s, start_tracking, track_fresh
-from tests.support import alive, lost_locks, lowest_pttl, wait_for, wait_ticks, watch_locks
+from tests.support import (
+    alive,
+    job_ids,
+    lost_locks,
+    lowest_pttl,
+    take_locks,
+    wait_for,
+    wait_ticks,
+    watch_locks,
+)
 
 if TYPE_CHECKING:
     from tests.faults.conftest import FaultRecord
@@ -149,3 +161,70 @@ def test_200ms_latency_per_round_trip_renews_every_lock_in_time(
     assert seen.lowest_pttl is not None and seen.lowest_pttl > 0
     assert set(reports.renewed(since=started)) == set(jobs)
     client.close()
+
+
+#: Partitions as a share of the TTL; ``PARTITION_RUNS`` repeats each (``make faults``: 4).
+PARTITIONS = [0.5, 0.6, 0.7, 0.8, 0.9]
+
+
+@pytest.mark.parametrize("heal", ["buffered", "dead"])
+@pytest.mark.parametrize(
+    "share",
+    [
+        pytest.param(share, id=f"{share}-run{run}")
+        for run in range(int(os.environ.get("PARTITION_RUNS", "1")))
+        for share in PARTITIONS
+    ],
+)
+def test_a_partition_that_heals_before_the_ttl_loses_no_lock(
+    share: float,
+    heal: str,
+    proxy: FaultProxy,
+    direct: redis.Redis,
+    reports: Recorder,
+    record: FaultRecord,
+) -> None:
+    # Given 4 locks of 1,500 ms (375 ms ticks) renewed with the user's own
+    # client: a 250 ms socket timeout and no retry
+    lock_ms, count = 1500, 4
+    timing = Timing(lock_ms)
+    client = redis.Redis.from_url(
+        proxy.url, socket_timeout=0.25, socket_connect_timeout=0.25, retry=Retry(NoBackoff(), 0)
+    )
+    record.fault = "black-hole partition of 0.5-0.9 of the TTL" + (
+        ", its connections dead after" if heal == "dead" else ""
+    )
+    record.asserted = "no lock lost, none reported; renewed again soon after the heal"
+    jobs = take_locks(direct, KEYS, job_ids(count), lock_ms)
+    manager = start_link(connection=client, keys=KEYS, lock_duration=lock_ms, **reports.callbacks())
+    for job_id, token in jobs.items():
+        track_job(manager, job_id, token)
+    reports.wait_renewed(jobs, first_round_s(lock_ms))
+    # When the network goes dark right after a renewal of every lock, for a
+    # share of the TTL that leaves at least a round trip before it runs out
+    since = time.monotonic()
+    reports.wait_renewed(jobs, first_round_s(lock_ms), since=since)
+    renewed_at = time.monotonic()
+    proxy.blackhole()
+    time.sleep(max(0.0, renewed_at + share * lock_ms / 1000 - time.monotonic()))
+    if heal == "dead":
+        # As after a router's restart: what was open answers with a reset.
+        proxy.reset()
+    proxy.passthrough()
+    healed = time.monotonic()
+    # Then every lock is renewed again before its TTL runs out
+    reports.wait(
+        lambda: reports.renewed(since=healed), 2 * timing.renew_time / 1000 + 3, "a renewal"
+    )
+    first = time.monotonic()
+    reports.wait_renewed(jobs, 2 * timing.renew_time / 1000 + 3, since=healed)
+    record.locks_lost = len(lost_locks(direct, KEYS, jobs))
+    record.count_reports(reports)
+    record.notes = {
+        "partition_ms": round((healed - renewed_at) * 1000),
+        "renewed_after_heal_ms": round((first - healed) * 1000, 1),
+    }
+    stop(manager)
+    client.close()
+    assert record.locks_lost == 0
+    assert record.false_reports == 0
