@@ -243,10 +243,12 @@ class Runs:
         reported = []
         for job_id, token, why in lost:
             run = self._runs.get(job_id)
-            # Gone or moving: bullmq moved the job (or is moving it), and the
-            # move deleted its lock. Another token: the report is about an
-            # earlier run of a job taken again, told when it was replaced.
-            if run is None or run.lost is not None or run.moving or token != run.token:
+            # Gone, or found expired while moving: bullmq moved the job (or is
+            # moving it), and the move deleted its lock. Another token: the
+            # report is about an earlier run of a job taken again, told when
+            # it was replaced. A steal is a loss even during a move.
+            moved = run is not None and run.moving and why == "expired"
+            if run is None or run.lost is not None or moved or token != run.token:
                 continue
             self._runs[job_id] = replace(run, lost=why)
             reported.append((job_id, run, why))

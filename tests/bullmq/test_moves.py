@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ import redis
 from bullmq import Queue
 from bullmq.custom_errors import DelayedError, WaitingChildrenError
 
-from actors import aio
+from actors import aio, get_stats
 from tests.bullmq.harness import PREFIX, Bench, wait_until
 
 if TYPE_CHECKING:
@@ -228,3 +229,32 @@ def test_a_move_that_ran_but_never_answered_is_not_reported_lost(
     assert_no_loss_reported(worker, notes)
     assert one_bench.client.zscore(one_bench.key("delayed"), job_id) is not None
     assert worker.lock_manager.get_tracked_job_ids() == []
+
+
+def test_a_move_whose_reply_waits_behind_a_blocked_loop_is_neither_logged_nor_counted_lost(
+    one_bench: Bench, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def process(job: Any, token: str, manager: ManagerRef) -> None:
+        # Given a move the server runs while the loop is blocked before its reply is read
+        scripts = job.backend.scripts
+        move = scripts.moveToDelayed
+
+        async def reply_behind_a_blocked_loop(*args: Any, **kwargs: Any) -> Any:
+            answer = await move(*args, **kwargs)
+            time.sleep(2 * LOCK_MS / 1000)  # another processor blocks the loop meanwhile
+            return answer
+
+        scripts.moveToDelayed = reply_behind_a_blocked_loop
+        await job.moveToDelayed(int(time.time() * 1000) + 60_000, token)
+        raise DelayedError()
+
+    with caplog.at_level(logging.INFO, logger="actors"):
+        worker, job_id, notes = run_one(one_bench, process)
+    # Then the lock the move deleted is no loss: nothing says so, nothing counts it
+    assert_no_loss_reported(worker, notes)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [line for line in said if "lost the lock" in line], said
+    manager = worker.lock_manager.manager
+    assert manager is not None
+    assert get_stats(manager, timeout=5).lost == 0
+    assert one_bench.client.zscore(one_bench.key("delayed"), job_id) is not None

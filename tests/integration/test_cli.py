@@ -559,7 +559,7 @@ def test_explain_prints_the_windows_of_the_default_configuration() -> None:
     # When an operator asks what it means
     result = run("explain", "--lock-duration", "30000")
 
-    # Then every window is there, with a comfortable margin and no warning
+    # Then every window is there, with a comfortable headroom and no warning
     assert result.returncode == 0
     assert result.stderr == ""
     assert explained(result.stdout) == {
@@ -568,9 +568,10 @@ def test_explain_prints_the_windows_of_the_default_configuration() -> None:
         "tick interval": "7500 ms",
         "due threshold": "7500 ms",
         "worst-case gap": "15000 ms",
-        "safety margin": "15000 ms",
-        "socket_timeout": "1.875 s",
-        "cluster socket_timeout": "0.75 s",
+        "headroom": "15000 ms",
+        "safety_margin": "3750 ms",
+        "socket_timeout": "5 s",
+        "cluster socket_timeout": "4.6875 s",
     }
     assert "2.0 tick(s)" in result.stdout
 
@@ -596,12 +597,12 @@ def test_explain_gives_the_socket_timeout_the_manager_warns_about(
 
     # Then the manager's warning asks for the very figure explain prints, and
     # the cluster figure is the same rule's, in the same format
-    warned = re.search(r"\(([\d.]+) s per attempt\)", caplog.text)
+    warned = re.search(r"answered after ([\d.]+) s per attempt", caplog.text)
     assert warned, caplog.text
-    interval = Timing(lock_duration).interval
+    timing = Timing(lock_duration)
     assert rows["socket_timeout"] == f"{warned.group(1)} s"
-    assert rows["socket_timeout"] == f"{command_timeout(interval):g} s"
-    assert rows["cluster socket_timeout"] == f"{command_timeout(interval, cluster=True):g} s"
+    assert rows["socket_timeout"] == f"{command_timeout(timing):g} s"
+    assert rows["cluster socket_timeout"] == f"{command_timeout(timing, cluster=True):g} s"
 
 
 def test_explain_warns_when_the_margin_is_under_one_tick(
@@ -611,13 +612,13 @@ def test_explain_warns_when_the_margin_is_under_one_tick(
     # When it is explained
     status = main(["explain", "--lock-duration", "30000", "--lock-renew-time", "25000"])
 
-    # Then the margin is shown, and a warning says by how much to lower the renew time
+    # Then the headroom is shown, and a warning says by how much to lower the renew time
     captured = capsys.readouterr()
     assert status == 0
-    assert explained(captured.out)["safety margin"] == "5000 ms"
+    assert explained(captured.out)["headroom"] == "5000 ms"
     assert explained(captured.out)["tick interval"] == "12500 ms"
     (warning,) = captured.err.splitlines()
-    assert warning.startswith("warning: the safety margin (5000 ms) is shorter than one tick")
+    assert warning.startswith("warning: the headroom (5000 ms) is shorter than one tick")
     assert "at most 20001 ms" in warning
 
 
@@ -628,10 +629,10 @@ def test_explain_stays_quiet_at_exactly_one_tick_of_margin(
     # When it is explained
     status = main(["explain", "--lock-duration", "30000", "--lock-renew-time", "20001"])
 
-    # Then the margin equals one tick and there is nothing to warn about
+    # Then the headroom equals one tick and there is nothing to warn about
     captured = capsys.readouterr()
     assert status == 0
-    assert explained(captured.out)["safety margin"] == "10000 ms"
+    assert explained(captured.out)["headroom"] == "10000 ms"
     assert explained(captured.out)["tick interval"] == "10000 ms"
     assert captured.err == ""
 

@@ -15,16 +15,17 @@ import redis.asyncio
 import redis.asyncio.sentinel
 import redis.sentinel
 
-from actors import QueueKeys, start_link, stop, track_job
+from actors import QueueKeys, Timing, start_link, stop, track_job
 from actors.connection import client_like, command_timeout, describe_connection, socket_timeout
 from actors.embedded import EmbeddedServer
 from tests.support.polling import wait_for
 from tests.support.recorder import Recorder
 from tests.support.server import Server
 
-INTERVAL_MS = 400
 #: The lock TTL of the managers started here, in milliseconds (a tick every 100 ms).
 LOCK_MS = 400
+#: The wait per attempt of the clients built here: the rule's, for those managers.
+TIMEOUT = command_timeout(Timing(LOCK_MS))
 
 
 def _host_port(server: Server) -> tuple[str, int]:
@@ -58,11 +59,11 @@ def test_every_shape_reaches_the_same_database_with_the_bounded_timeout(
         "pool_dict": {"connection_pool": redis.asyncio.ConnectionPool(host=host, port=port, db=2)},
     }[shape]
 
-    conn = client_like(given, interval_ms=INTERVAL_MS)
+    conn = client_like(given, timeout=TIMEOUT)
 
     try:
         assert _reaches(conn, server, db=2)
-        assert socket_timeout(conn) == command_timeout(INTERVAL_MS)
+        assert socket_timeout(conn) == TIMEOUT
     finally:
         conn.close()
 
@@ -78,11 +79,11 @@ def test_settings_that_would_unbound_or_rename_the_client_are_not_copied(server:
         "decode_responses": True,
     }
 
-    conn = client_like(given, interval_ms=INTERVAL_MS)
+    conn = client_like(given, timeout=TIMEOUT)
 
     try:
         # Bounded, nameless (not listed among the queue's workers), bytes replies.
-        assert socket_timeout(conn) == command_timeout(INTERVAL_MS)
+        assert socket_timeout(conn) == TIMEOUT
         assert conn.client_getname() is None
         conn.set("k", "v")
         assert conn.get("k") == b"v"
@@ -97,7 +98,7 @@ def test_a_unix_socket_client_is_copied_as_a_unix_socket_client() -> None:
     with EmbeddedServer(extra_args=["--unixsocket", path, "--unixsocketperm", "700"]) as private:
         original = redis.asyncio.Redis(unix_socket_path=path)
 
-        conn = client_like(original, interval_ms=INTERVAL_MS)
+        conn = client_like(original, timeout=TIMEOUT)
 
         try:
             assert conn.connection_pool.connection_kwargs["path"] == path
@@ -114,7 +115,7 @@ def test_a_unix_socket_client_is_copied_as_a_unix_socket_client() -> None:
 def test_the_original_client_is_left_alone(server: Server) -> None:
     original = redis.Redis.from_url(server.url, socket_timeout=30)
 
-    conn = client_like(original, interval_ms=INTERVAL_MS)
+    conn = client_like(original, timeout=TIMEOUT)
 
     assert conn is not original
     assert socket_timeout(original) == 30
@@ -133,14 +134,14 @@ def test_the_original_client_is_left_alone(server: Server) -> None:
 )
 def test_a_shape_it_cannot_copy_is_refused_naming_the_shapes(given: object, fix: str) -> None:
     with pytest.raises(TypeError, match=fix):
-        client_like(given, interval_ms=INTERVAL_MS)
+        client_like(given, timeout=TIMEOUT)
 
 
 def test_a_cluster_client_is_refused_with_the_builder_to_use() -> None:
     # Built without contacting a node: only its type is looked at.
     cluster = redis.RedisCluster.__new__(redis.RedisCluster)
-    with pytest.raises(TypeError, match=r"cluster_client\(url, interval_ms=400\)"):
-        client_like(cluster, interval_ms=INTERVAL_MS)
+    with pytest.raises(TypeError, match=r"cluster_client\(url, interval_ms=\.\.\.\)"):
+        client_like(cluster, timeout=TIMEOUT)
 
 
 #: A Sentinel's address; nothing connects to it (the pools connect lazily).
@@ -172,7 +173,7 @@ def test_a_client_that_does_not_name_its_server_is_refused_asking_for_the_client
 
     # A copy of its settings would reach localhost:6379, not its server.
     with pytest.raises(TypeError, match=r"use_actor_lock_manager\(worker, connection=\.\.\.\)"):
-        client_like(given, interval_ms=INTERVAL_MS)
+        client_like(given, timeout=TIMEOUT)
 
 
 def test_an_asyncio_client_is_refused_naming_its_module_and_the_url_to_pass(
@@ -214,16 +215,16 @@ def test_an_unreachable_server_is_named_once_with_what_to_check(
     # with a password in its URL
     recorder = Recorder()
     url = "redis://:s3cret@127.0.0.1:1/0"
-    manager = recorder.start(url, QueueKeys("q"), lock_duration=LOCK_MS)
-    try:
-        # when a tracked job's renewal fails tick after tick
-        with caplog.at_level(logging.ERROR, logger="actors"):
+    with caplog.at_level(logging.WARNING, logger="actors"):
+        manager = recorder.start(url, QueueKeys("q"), lock_duration=LOCK_MS)
+        try:
+            # when a tracked job's renewal fails tick after tick
             track_job(manager, "j", "t")
             wait_for(lambda: len(recorder.errors()) >= 3, 10 * LOCK_MS / 1000, "three failed ticks")
-    finally:
-        stop(manager)
+        finally:
+            stop(manager)
 
-    # then one line, at the first failure, says where it looked and what to check
+    # then one line, from its start to its stop, says where it looked and what to check
     said = [r.getMessage() for r in caplog.records if "cannot reach" in r.getMessage()]
     assert len(said) == 1
     assert "redis://:***@127.0.0.1:1/0" in said[0]
@@ -250,5 +251,9 @@ def test_a_client_timeout_that_breaks_the_rule_is_warned_with_one_number(
         manager = start_link(connection=client, keys=QueueKeys("connection"), lock_duration=2000)
     stop(manager)
     client.close()
+    # The rule's one number for a 2000 ms lock: (2000 - 250 - 500) / 2 ms per attempt
+    limit = command_timeout(Timing(2000))
+    assert limit == 0.625
     assert "socket_timeout=2 s" in caplog.text
-    assert "socket_timeout=0.125" in caplog.text
+    assert f"answered after {limit:g} s per attempt" in caplog.text
+    assert f"pass socket_timeout={limit:g} (or less)" in caplog.text

@@ -13,7 +13,7 @@ Each name is documented where it is defined:
 - driving a manager by hand (:mod:`tests.support.manual`): :class:`ManualClock`,
   :func:`manual_timer`, :func:`tick`, :func:`settle`, :func:`unchecked`;
 - fakes for the manager's seams (:mod:`tests.support.fakes`): :class:`LockTable`,
-  :class:`Inbox`, :class:`FlakyClock`;
+  :class:`Inbox`, :class:`FlakyClock`, :class:`HoldingClock`;
 - short locks (:mod:`tests.support.short_locks`): :data:`TTL`, :func:`start_manager`,
   :func:`assert_still_renewing`, :class:`Bystander`.
 
@@ -23,7 +23,7 @@ fixtures of ``tests/conftest.py`` start.
 
 from __future__ import annotations
 
-from tests.support.fakes import FlakyClock, Inbox, LockTable
+from tests.support.fakes import FlakyClock, HoldingClock, Inbox, LockTable
 from tests.support.locks import (
     LockWatch,
     PackedCommands,
@@ -64,6 +64,7 @@ __all__ = [
     "WATCH_S",
     "Bystander",
     "FlakyClock",
+    "HoldingClock",
     "Inbox",
     "LockTable",
     "LockWatch",

@@ -2,7 +2,9 @@
 
 - :class:`LockTable`: the server's lock keys in memory, as ``start_link(renewer=...)``;
 - :class:`Inbox`: a ``notify`` target (a job actor, say) that keeps what it is told;
-- :class:`FlakyClock`: a :class:`~tests.support.manual.ManualClock` whose next reading may raise.
+- :class:`FlakyClock`: a :class:`~tests.support.manual.ManualClock` whose next reading may raise;
+- :class:`HoldingClock`: a :class:`~tests.support.manual.ManualClock` that can hold the
+  manager's own thread in a reading, while the test lays out its mailbox.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ from tests.support.manual import ManualClock
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["FlakyClock", "Inbox", "LockTable"]
+__all__ = ["FlakyClock", "HoldingClock", "Inbox", "LockTable"]
+
+#: Most seconds a held reading waits for its release: only a broken test waits that long.
+HOLD_TIMEOUT = 30.0
 
 
 class LockTable:
@@ -104,4 +109,54 @@ class FlakyClock(ManualClock):
         if self.fail_next:
             self.fail_next = False
             raise RuntimeError("the clock failed")
+        return self.now
+
+
+class HoldingClock(ManualClock):
+    """A manual clock whose next reading on one thread waits until the test releases it.
+
+    No user code runs on a manager's thread, but its clock does (a track, a
+    tick, a ``GetStats`` read it there). Held in a reading, the manager takes
+    nothing from its mailbox, so the test can lay out exactly what it finds
+    there next.
+
+    Example:
+        >>> clock.hold(manager._manager.thread)
+        >>> stats = manager.ask(GetStats(), block=False)    # read on the manager's thread
+        >>> clock.wait_held(timeout=5)
+        >>> ...                                            # queue what the test needs
+        >>> clock.release()
+    """
+
+    def __init__(self, now: int = 1_000_000) -> None:
+        super().__init__(now)
+        self._thread: threading.Thread | None = None
+        self._held = threading.Event()
+        self._released = threading.Event()
+
+    def hold(self, thread: threading.Thread | None) -> None:
+        """Hold ``thread`` (the manager's, once started) in its next reading."""
+        assert thread is not None, "the manager's thread has not started yet (settle first)"
+        self._held.clear()
+        self._released.clear()
+        self._thread = thread
+
+    def wait_held(self, timeout: float) -> None:
+        """Return once the thread is held in a reading.
+
+        Raises:
+            AssertionError: It did not read the clock within ``timeout`` seconds.
+        """
+        assert self._held.wait(timeout), "the held thread never read the clock"
+
+    def release(self) -> None:
+        """Let the held reading return (the time it returns is the time then)."""
+        self._thread = None
+        self._released.set()
+
+    def __call__(self) -> int:
+        if self._thread is not None and threading.current_thread() is self._thread:
+            self._thread = None
+            self._held.set()
+            self._released.wait(HOLD_TIMEOUT)
         return self.now
