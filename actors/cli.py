@@ -13,7 +13,9 @@ import argparse
 import contextlib
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -73,7 +75,7 @@ examples:
       every lock of queue "emails" (keys emq:emails:<job id>:lock)
   %(prog)s locks --queue emails --prefix bull --watch 1
       a BullMQ queue (keys bull:emails:<job id>:lock) on $REDIS_URL or
-      localhost, refreshed every second until Ctrl-C
+      localhost, refreshed every second until Ctrl-C (or SIGTERM)
   %(prog)s explain --lock-duration 30000 --lock-renew-time 25000
       the windows of a configuration with less than one tick of headroom (warns)
 
@@ -457,7 +459,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     )
     add("--queue", required=True, type=_queue_name, metavar="NAME", help="queue name, no prefix")
     add("--prefix", default=DEFAULT_PREFIX, type=_prefix, help="key prefix: emq (default), bull")
-    every = f"refresh every SECONDS (default {DEFAULT_WATCH_SECONDS:g}) until Ctrl-C"
+    every = f"refresh every SECONDS (default {DEFAULT_WATCH_SECONDS:g}) until Ctrl-C or SIGTERM"
     add(
         "--watch",
         nargs="?",
@@ -480,12 +482,21 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _ends_the_watch(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _run_locks(args: argparse.Namespace, prog: str, out: TextIO, err: TextIO) -> int:
     try:
         keys = QueueKeys(args.queue, prefix=args.prefix)
     except ValueError as exc:
         args.command_parser.error(str(exc))
     every, hint = args.watch, None
+    if every is not None and threading.current_thread() is threading.main_thread():
+        # Ctrl-C or SIGTERM ends a watch, even where SIGINT is ignored on
+        # start (a background job of a script, nohup, some CI runners).
+        signal.signal(signal.SIGINT, _ends_the_watch)
+        signal.signal(signal.SIGTERM, _ends_the_watch)
     watch, clear = Watch(), (_CLEAR if out.isatty() else "\n")
     conn = client_for_url(args.url, timeout=CONNECT_TIMEOUT_SECONDS)
     deadline, frames = monotonic_ms(), 0
@@ -522,7 +533,7 @@ def _run_locks(args: argparse.Namespace, prog: str, out: TextIO, err: TextIO) ->
     except KeyboardInterrupt:
         if every is None:
             raise
-        return EXIT_OK  # Ctrl-C is how a watch ends: a normal exit, not an error.
+        return EXIT_OK  # Ctrl-C (or SIGTERM) is how a watch ends: a normal exit, not an error.
     finally:
         conn.close()
 

@@ -181,6 +181,8 @@ class Flight:
     release: list[tuple[str, str]]
     #: Asked ticks to answer once the renewal's report was delivered.
     replies: list[pykka.Future[Any]] = field(default_factory=list)
+    #: What the tick decided before it renewed: reported with the renewal's answer.
+    report: Report = field(default_factory=Report)
 
 
 class Renewals(threading.Thread):
@@ -642,6 +644,11 @@ class LockManager(pykka.ThreadingActor):
 
     def _on_time(self, scheduled: int | None, reply: pykka.Future[Any] | None) -> None:
         replies = [] if reply is None else [reply]
+        flight = self._flight
+        if flight is not None and flight.report:
+            # The renewal is slow to land: what its tick decided is told now.
+            self._reporter.send(flight.report)
+            flight.report = Report()
         taken = self._alarm.take(scheduled)
         if taken is None:
             self._reporter.send(Report(), replies)
@@ -677,15 +684,14 @@ class LockManager(pykka.ThreadingActor):
         if jobs.valid:
             books.unconfirmed(now, report, why=self._why(late))
         due, tokens = jobs.due(at, self._timing.threshold)
+        self._arm()
         if due or orphans:
             oldest = jobs.oldest(due) if due else at
-            flight = Flight(due, tokens, at, oldest, jobs.changes, late, orphans, replies)
+            flight = Flight(due, tokens, at, oldest, jobs.changes, late, orphans, replies, report)
             self._flight = flight
             self._renewals.send(flight, -(-len(due) // self._max_batch))
-            replies = []
-        self._arm()
-        # What was decided before the renewal is told now, not once it lands.
-        self._reporter.send(report, replies)
+        else:
+            self._reporter.send(report, replies)
 
     def _bury(self, report: Report) -> list[tuple[str, str]]:
         """End the claims of the holders that died; return the locks no claim holds any more."""
@@ -711,7 +717,7 @@ class LockManager(pykka.ThreadingActor):
                 type(landed.released).__name__,
                 landed.released,
             )
-        report = Report()
+        report = flight.report
         self._books.apply(
             flight.due,
             flight.tokens,

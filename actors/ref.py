@@ -262,7 +262,8 @@ class ManagerRef(pykka.ActorRef[Any]):
                 f"a LockManager cannot wait for its own answer to a {type(message).__name__} "
                 "on its own thread; tell it instead"
             )
-        future: Answer[Any] = Answer(undelivered=threading.current_thread() is self._manager.delivery)
+        own = threading.current_thread() is self._manager.delivery
+        future: Answer[Any] = Answer(undelivered=own)
         try:
             # Answered, failed by the manager's last pass over its mailbox, or
             # refused by the mailbox of a manager that is stopping.

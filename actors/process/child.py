@@ -154,8 +154,6 @@ class Child:
         watched: list[Any] = [self._conn]
         if self._pidfd is not None:
             watched.append(self._pidfd)
-        if os.getppid() != self._parent:
-            return self._end(release=True)
         while True:
             now = monotonic_ms()
             due_at = self._grid if self._retry is None else min(self._grid, self._retry)
