@@ -441,10 +441,8 @@ class ProcessLockManager(LockManager, isolation="process"):
         retired = self._cells.to_retire()
         if retired:
             outbox.append(("retire", retired))
-        # A burst of tracks costs one write; a lone untrack goes at once, and
-        # so does all before an answer: what an asker saw, the child knows.
-        asked = getattr(self._mailbox.current, "reply_to", None) is not None
-        if outbox and (asked or len(outbox) >= _BATCH or self._mailbox.empty()):
+        # A burst of tracks costs one write; a lone untrack goes at once.
+        if outbox and (len(outbox) >= _BATCH or self._mailbox.empty()):
             self._flush()
 
     def _flush(self) -> None:
