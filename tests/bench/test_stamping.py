@@ -50,7 +50,7 @@ from actors import (
     stop,
     track_job,
 )
-from actors.timing import monotonic_ms
+from actors.timing import default_safety_margin, monotonic_ms
 from tests.bench.conftest import ASK_TIMEOUT, SEED, env_ints, markdown_table
 from tests.bench.stamping import (
     BASELINE,
@@ -359,7 +359,7 @@ def first_renewal_trial(
     """Track ``ids``, all due at one tick; during a later such tick, track the worker's job."""
     log = TickLog()
     client = redis.Redis.from_url(url, socket_timeout=CLIENT_TIMEOUT)
-    inner = RedisRenewer(client, DELAY_KEYS, timing.lock_duration, timing.interval)
+    inner = RedisRenewer(client, DELAY_KEYS, timing, default_safety_margin(timing))
     # The first big ticks are the warm-up: the first waits for the tracking,
     # so it runs late, and the next may catch up; the one measured is on time.
     renewer = WatchedRenewer(

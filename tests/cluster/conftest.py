@@ -27,8 +27,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from actors.keys import hash_slot
 from actors.embedded import EmbeddedServer, free_port
+from actors.keys import hash_slot
 from tests.support import wait_for
 
 logger = logging.getLogger(__name__)

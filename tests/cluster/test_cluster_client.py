@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 import redis
 
-from actors import QueueKeys, start_link, stop
+from actors import QueueKeys, Timing, start_link, stop
 from actors.connection import RETRIES, cluster_client, command_timeout
 
 if TYPE_CHECKING:
@@ -18,25 +18,25 @@ pytestmark = pytest.mark.cluster
 
 
 @pytest.mark.parametrize(
-    ("interval_ms", "cluster", "seconds"),
+    ("lock_duration", "cluster", "seconds"),
     [
-        (10, True, 0.05),
-        (500, True, 0.05),
-        (1000, True, 0.1),
-        (7500, True, 0.75),
-        (60_000, True, 5.0),
+        (400, True, 0.0625),
+        (4000, True, 0.625),
+        (30_000, True, 4.6875),
+        (240_000, True, 5.0),
         (100, False, 0.05),
-        (1000, False, 0.25),
-        (7500, False, 1.875),
-        (60_000, False, 5.0),
+        (2000, False, 0.625),
+        (4000, False, 1.25),
+        (30_000, False, 5.0),
     ],
 )
-def test_one_timeout_rule_a_tenth_of_the_interval_on_a_cluster_a_quarter_on_one_server(
-    interval_ms: int, cluster: bool, seconds: float
+def test_one_timeout_rule_from_the_trust_window_a_quarter_on_a_cluster_half_on_one_server(
+    lock_duration: int, cluster: bool, seconds: float
 ) -> None:
-    # Two attempts fill at most half an interval (a fifth on a cluster, which
+    # A renewal answered later than a watched lock's trust window minus one
+    # interval is of no use: two attempts share it (four on a cluster, which
     # may also refresh its topology), never under 50 ms nor over 5 s.
-    assert command_timeout(interval_ms, cluster=cluster) == pytest.approx(seconds)
+    assert command_timeout(Timing(lock_duration), cluster=cluster) == pytest.approx(seconds)
 
 
 def test_cluster_client_sets_timeouts_and_one_retry(cluster: LocalCluster) -> None:

@@ -10,11 +10,8 @@ import pytest
 
 from actors import (
     GetActiveJobCount,
-    IsTracked,
     ManagerStopped,
     Timing,
-    TrackJob,
-    UntrackJob,
     get_active_job_count,
     get_stats,
     is_tracked,
@@ -25,7 +22,7 @@ from actors import (
 )
 from actors.embedded import free_port
 from tests.faults.conftest import KEYS
-from tests.support import Recorder, job_ids, lost_locks, take_locks, unchecked, wait_for
+from tests.support import Recorder, job_ids, lost_locks, take_locks, wait_for
 
 if TYPE_CHECKING:
     import redis
@@ -160,17 +157,6 @@ NOT_MESSAGES: list[object] = [
     {"command": "track", "job_id": "x"},
 ]
 
-#: Messages no door lets anyone build, built anyway (as a plain pykka
-#: reference could send them): each must be dropped, leaving the manager up.
-GARBAGE: list[object] = [
-    unchecked(TrackJob, job_id=123, token="token", ts=0),
-    unchecked(TrackJob, job_id="", token="", ts=0),
-    unchecked(TrackJob, job_id="x", token=None, ts=0),
-    unchecked(UntrackJob, job_id=None),
-    unchecked(IsTracked, job_id=["x"]),
-]
-
-
 def test_garbage_messages_are_dropped_and_renewal_goes_on(
     server: Server, redis_client: redis.Redis, reports: Recorder, record: FaultRecord
 ) -> None:
@@ -182,10 +168,7 @@ def test_garbage_messages_are_dropped_and_renewal_goes_on(
     for job_id, token in jobs.items():
         track_job(manager, job_id, token)
     record.fault = "garbage messages (tell and ask)"
-    record.asserted = (
-        "non-messages refused at the caller, forged messages dropped; tracked set "
-        "unchanged; renewals go on"
-    )
+    record.asserted = "non-messages refused at the caller; tracked set unchanged; renewals go on"
 
     # When every kind of garbage is told and asked
     for thing in NOT_MESSAGES:
@@ -193,9 +176,6 @@ def test_garbage_messages_are_dropped_and_renewal_goes_on(
             manager.tell(thing)
         with pytest.raises(TypeError):
             manager.ask(thing, timeout=5)
-    for message in GARBAGE:
-        manager.tell(message)
-        assert manager.ask(message, timeout=5) is None
 
     # Then the manager still tracks exactly the ten jobs and renews them
     since = time.monotonic()

@@ -38,52 +38,46 @@ if TYPE_CHECKING:
 def test_outage_shorter_than_ttl_loses_nothing_and_the_first_tick_after_renews(
     mode: Mode, proxy: FaultProxy, direct: redis.Redis, reports: Recorder, record: FaultRecord
 ) -> None:
-    # Given 20 locks of 4 s, renewed through the proxy (1 s ticks, 250 ms socket timeout)
+    # Given 20 locks of 4 s, renewed through the proxy (1 s ticks, 1.25 s per attempt)
     lock_ms = 4000
     timing = Timing(lock_ms)
     manager, jobs = start_tracking(proxy.url, direct, reports, lock_ms)
     record.fault = f"{mode} shorter than the TTL" if mode == "blackhole" else "connection resets"
     record.asserted = (
-        "no lock lost, no failure reported, on_error seen, the first tick after renews all"
+        "no lock lost, no failure reported; a reset's ticks report on_error; renewed at once after"
     )
 
-    # When the network fails until a renewing tick has failed
+    # When the network fails for 0.7 of the TTL, right after a renewal
+    since = time.monotonic()
+    reports.wait_renewed(jobs, first_round_s(lock_ms), since=since)
     outage_started = time.monotonic()
     proxy.mode = mode
-    reports.wait(
-        lambda: reports.errors(since=outage_started),
-        timeout=2 * timing.interval / 1000 + 3,
-        what="on_error during the outage",
-    )
-    # The ask is answered once the failed tick is over.
-    before = get_stats(manager, timeout=10)
+    time.sleep(0.7 * lock_ms / 1000)
     lowest_ttl = lowest_pttl(direct, KEYS, jobs)
     proxy.passthrough()
     recovered = time.monotonic()
 
-    # Then the first tick after recovery renews every job
+    # Then every job is renewed again at once: a renewal sent into the black
+    # hole is answered as it heals, a reset one is retried within milliseconds
     reports.wait_renewed(jobs, 2 * timing.interval / 1000 + 3, since=recovered)
-    after = get_stats(manager, timeout=10)
+    stats = get_stats(manager, timeout=10)
     record.locks_lost = len(lost_locks(direct, KEYS, jobs))
     record.count_reports(reports)
+    errors = reports.errors(since=outage_started)
     record.notes = {
         "outage_s": round(recovered - outage_started, 2),
         "lowest_ttl_ms": lowest_ttl,
-        "errors": [type(exc).__name__ for exc in reports.errors(since=outage_started)],
+        "errors": [type(exc).__name__ for exc in errors],
     }
-    assert after.ticks == before.ticks + 1
-    assert after.errors == before.errors
     # And nothing was lost or reported lost, and the manager still answers
     assert record.locks_lost == 0
     assert record.false_reports == 0
-    assert after.lost == 0
+    assert stats.lost == 0
     assert lowest_ttl > 0
-    assert all(
-        isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
-        for exc in reports.errors(since=outage_started)
-    )
+    if mode == "reset":
+        assert errors
+    assert all(isinstance(exc, (redis.ConnectionError, redis.TimeoutError)) for exc in errors)
     assert get_active_job_count(manager, timeout=5) == JOBS
-    assert recovered - outage_started < lock_ms / 1000
 
 
 def test_blackhole_longer_than_ttl_reports_every_expired_lock_exactly_once(

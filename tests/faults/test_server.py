@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from actors import Timing, get_active_job_count, get_stats
-from actors.connection import client_for_url, socket_timeout
+from actors.connection import client_for_url, command_timeout, socket_timeout
 from actors.embedded import EmbeddedServer
 from tests.faults.conftest import JOBS, KEYS, first_round_s, start_tracking, track_fresh
 from tests.support import lost_locks, lowest_pttl
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 def built_timeout(url: str, lock_ms: int) -> float:
     """The socket timeout of the client a manager builds for ``url``, in seconds."""
-    client = client_for_url(url, interval_ms=Timing(lock_ms).interval)
+    client = client_for_url(url, timeout=command_timeout(Timing(lock_ms)))
     timeout = socket_timeout(client)
     client.close()
     assert timeout is not None
@@ -44,7 +44,7 @@ def test_hung_server_never_hangs_queries_to_the_manager(
     manager, jobs = start_tracking(private_server.url, direct, reports, lock_ms)
     timeout = built_timeout(private_server.url, lock_ms)
     record.fault = "server hangs (SIGSTOP), then resumes"
-    record.asserted = "asks answered within 2 socket timeouts + 0.5 s; no lock lost"
+    record.asserted = "asks answered at once (the renewal waits on its own thread); no lock lost"
 
     # When the server is frozen for two ticks while a caller keeps asking
     paused = time.monotonic()
@@ -52,10 +52,7 @@ def test_hung_server_never_hangs_queries_to_the_manager(
     slowest = 0.0
     answers = set()
     try:
-        while time.monotonic() - paused < 2 * timing.interval / 1000 or not reports.errors(
-            since=paused
-        ):
-            assert time.monotonic() - paused < lock_ms / 1000 - 0.5, "no tick failed in time"
+        while time.monotonic() - paused < 2 * timing.interval / 1000:
             asked = time.monotonic()
             answers.add(get_active_job_count(manager, timeout=10))
             slowest = max(slowest, time.monotonic() - asked)
@@ -64,11 +61,11 @@ def test_hung_server_never_hangs_queries_to_the_manager(
         private_server.resume()
     resumed = time.monotonic()
 
-    # Then every ask was answered within one failed tick: two attempts of one
-    # socket timeout each (the client retries once), plus a margin
+    # Then every ask was answered at once, far within one socket timeout: the
+    # manager's thread never waits for Redis
     record.notes = {"slowest_ask_s": round(slowest, 3), "socket_timeout_s": timeout}
     assert answers == {JOBS}
-    assert slowest <= 2 * timeout + 0.5
+    assert slowest < timeout
 
     # And the locks are renewed after the server resumes, none lost
     reports.wait_renewed(jobs, 2 * timing.interval / 1000 + 3, since=resumed)
