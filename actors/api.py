@@ -93,11 +93,11 @@ def start_link(
             ``"unconfirmed"``, in milliseconds: the lock is trusted until
             ``lock_duration - safety_margin`` after the last renewal the
             server confirmed was sent. Half the timer interval when ``None``
-            (see ``actors.schedule.default_safety_margin``); it must be
+            (see ``actors.timing.default_safety_margin``); it must be
             below ``lock_duration`` minus the interval.
         isolation: ``"thread"`` (the default): the timer and the renewals run
             on this manager's threads. ``"process"``: they run in a child
-            process the manager starts and ends (see :mod:`actors.isolation`),
+            process the manager starts and ends (see :class:`~actors.process.ProcessLockManager`),
             so no GIL hold in the worker delays a renewal, and the locks are
             deleted (compare-and-delete on the token) when the worker dies.
             The same API, messages, callbacks and leases; ``connection`` must

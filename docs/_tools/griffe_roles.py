@@ -4,14 +4,16 @@ The docstrings are Google style with reST inline markup (``:class:`LockManager``
 ``:mod:`~actors.keys```), which Markdown would print as is. Each role becomes an
 optional cross-reference: a link when its target is on the site, plain code otherwise
 (``redis.Redis``, ``pykka.ActorRef``), so a reference to another library never fails
-the strict build. An attribute documented by ``#:`` comments above it gets them as its
-docstring.
+the strict build. A reST literal block (a paragraph ending in ``::`` and the indented
+lines after it) becomes a fenced code block. An attribute documented by ``#:`` comments
+above it gets them as its docstring.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +25,14 @@ if TYPE_CHECKING:
 #: A Google-style "Example:" section is an admonition whose ``>>>`` lines Markdown would quote;
 #: "Examples:" is parsed into code blocks.
 EXAMPLE = re.compile(r"^(\s*)Example:[ \t]*$", re.MULTILINE)
+#: A reST literal block: a line ending in ``::``, a blank line, then lines indented deeper.
+LITERAL = re.compile(
+    r"^(?P<indent>[ \t]*)(?P<text>[^\n]*?)(?P<space>[ \t]*)::[ \t]*\n"
+    r"(?P<block>(?:[ \t]*\n)+(?:(?P=indent)[ \t]+[^\n]*\n(?:[ \t]*\n)*)+)",
+    re.MULTILINE,
+)
+#: A fenced code block, kept whole by ``re.split``.
+FENCE = re.compile(r"(^[ \t]*```[^\n]*\n.*?^[ \t]*```[ \t]*$)", re.MULTILINE | re.DOTALL)
 ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj|const):`(~?)([^`]+)`")
 
 
@@ -62,6 +72,29 @@ def _target(obj: griffe.Object, name: str) -> str:
         return name
 
 
+def _fence(match: re.Match[str]) -> str:
+    """One reST literal block as a Markdown fence.
+
+    At the top level the fence starts the line (indented four spaces it would be
+    Markdown's own code block); inside a section it keeps the block's own indentation,
+    so it stays part of the item it belongs to.
+    """
+    indent, text, space = match.group("indent"), match.group("text"), match.group("space")
+    raw = match.group("block").strip("\n")
+    block = textwrap.dedent(raw)
+    at = raw[: len(raw) - len(raw.lstrip())] if indent else ""
+    # "text::" reads "text:"; "text ::" and a lone "::" say nothing themselves.
+    lead = f"{indent}{text}{'' if space else ':'}\n\n" if text else ""
+    body = textwrap.indent(block, at, lambda line: bool(line.strip()))
+    return f"{lead}{at}```python\n{body}\n{at}```\n\n"
+
+
+def _markdown(text: str) -> str:
+    """Literal blocks fenced, then roles linked outside the fences."""
+    text = LITERAL.sub(_fence, EXAMPLE.sub(r"\1Examples:", text + "\n"))
+    return text.rstrip("\n")
+
+
 class SphinxRoles(griffe.Extension):
     """Read ``#:`` comments, and turn every ``:role:`target``` of the package into an autoref."""
 
@@ -80,5 +113,8 @@ class SphinxRoles(griffe.Extension):
                 identifier = _target(obj, name)
                 return f'<autoref identifier="{identifier}" optional><code>{title}</code></autoref>'
 
-            text = EXAMPLE.sub(r"\1Examples:", obj.docstring.value)
-            obj.docstring.value = ROLE.sub(link, text)
+            parts = FENCE.split(_markdown(obj.docstring.value))
+            # Odd parts are fenced code: roles there are code too.
+            obj.docstring.value = "".join(
+                part if index % 2 else ROLE.sub(link, part) for index, part in enumerate(parts)
+            )

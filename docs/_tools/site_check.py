@@ -6,7 +6,11 @@ file that exists, and every ``#fragment`` at an element of that page with that i
 ``browse SITE OUT``: serves the site on a free loopback port, loads the home page, a guide
 and an API page in headless Chromium (the Debian ``chromium`` package), saves a screenshot
 of each in OUT, and fails when a page renders blank or when any internal link of the
-served site answers with an error.
+served site answers with an error. On those pages and on every API page it also measures
+the layout at a 1280 px wide viewport, and fails when a code block (a ``pre``) is wider
+than its container or scrolls sideways, or when a cell of a docstring table (Parameters,
+Raises, ...) is clipped: cut off by the table's scrolling box or the content column, or
+its content spilling out of it.
 
 Run through ``make docs`` and ``make docs-check``.
 """
@@ -15,7 +19,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import html
 import http.server
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +44,96 @@ PAGES = {
 MIN_TEXT = 200
 #: A screenshot whose most common colour covers more than this share of it is taken for blank.
 MAX_BACKGROUND = 0.985
+#: The browser window, in CSS pixels: the layout is measured at this width.
+VIEWPORT = (1280, 1400)
+#: The query that makes the test server add LAYOUT_SCRIPT to a page, for --dump-dom to read.
+LAYOUT_QUERY = "site-check=layout"
+#: The id of the element LAYOUT_SCRIPT writes its findings into, as JSON.
+LAYOUT_ID = "site-check-layout"
+#: Measures the page once it has loaded (and the theme has wrapped its tables); writes
+#: ``{"width", "pre", "cells", "problems"}`` into a hidden element at the end of the body.
+#: A box may pass its limit by one pixel (sub-pixel rounding).
+LAYOUT_SCRIPT = """
+(() => {
+  const SLACK = 1;
+  const measure = () => {
+    const problems = [];
+    const article = document.querySelector("article");
+    const shown = (el) => el.getClientRects().length > 0;
+    const inner = (el) => {
+      const r = el.getBoundingClientRect(), s = getComputedStyle(el);
+      const left = r.left + el.clientLeft + parseFloat(s.paddingLeft);
+      return {left, right: r.left + el.clientLeft + el.clientWidth - parseFloat(s.paddingRight)};
+    };
+    const longest = (el) => el.textContent.split("\\n")
+      .reduce((a, b) => (b.length > a.length ? b : a), "").trim().slice(0, 70);
+    const owner = (el) => {
+      for (let node = el.closest(".doc-contents"); node; node = node.previousElementSibling) {
+        if (node.classList.contains("doc-heading")) return node.id;
+      }
+      const heading = el.closest(".doc") && el.closest(".doc").querySelector(".doc-heading");
+      return heading ? heading.id : "the page";
+    };
+    let pres = 0, cells = 0;
+    for (const pre of article ? article.querySelectorAll("pre") : []) {
+      if (!shown(pre)) continue;
+      pres += 1;
+      const box = pre.getBoundingClientRect();
+      const room = inner(pre.parentElement);
+      const where = `pre #${pres} (${owner(pre)}, longest line "${longest(pre)}")`;
+      if (box.left < room.left - SLACK || box.right > room.right + SLACK) {
+        problems.push(`${where} is ${Math.round(box.width)} px wide in a container of ` +
+          `${Math.round(room.right - room.left)} px`);
+      }
+      for (const el of [pre, ...pre.querySelectorAll(":scope > code")]) {
+        if (el.scrollWidth > el.clientWidth + SLACK) {
+          problems.push(`${where} scrolls sideways: ${el.scrollWidth} px of ` +
+            `${el.tagName.toLowerCase()} in ${el.clientWidth} px`);
+        }
+      }
+    }
+    const column = article ? inner(article) : {left: 0, right: innerWidth};
+    for (const table of article ? article.querySelectorAll(".doc-contents table") : []) {
+      if (!shown(table)) continue;
+      // What can be seen of the table: the content column, cut by every box that clips.
+      let limit = column.right;
+      for (let el = table; el && el !== article; el = el.parentElement) {
+        if (getComputedStyle(el).overflowX !== "visible") limit = Math.min(limit, inner(el).right);
+      }
+      let title = "";
+      for (let node = table; node && !title; node = node.parentElement) {
+        const before = node.previousElementSibling;
+        const section = before && before.querySelector(".doc-section-title");
+        if (section) title = section.textContent.trim().replace(/:$/, "");
+        if (node.classList.contains("doc-contents")) break;
+      }
+      const heads = [...table.querySelectorAll("thead th")].map((th) => th.textContent.trim());
+      for (const cell of table.querySelectorAll("th, td")) {
+        cells += 1;
+        const r = cell.getBoundingClientRect();
+        const head = heads[cell.cellIndex] || `column ${cell.cellIndex + 1}`;
+        const where = `${title || "docstring"} table of ${owner(table)}: cell ` +
+          `"${cell.textContent.trim().slice(0, 40)}" (${head})`;
+        if (r.right > limit + SLACK) {
+          problems.push(`${where} is clipped: it ends at ${Math.round(r.right)} px, ` +
+            `the table can be seen up to ${Math.round(limit)} px`);
+        } else if (cell.scrollWidth > cell.clientWidth + SLACK) {
+          problems.push(`${where} overflows: ${cell.scrollWidth} px of content in ` +
+            `${cell.clientWidth} px`);
+        }
+      }
+    }
+    if (!article) problems.push("no article element to measure");
+    const out = document.createElement("div");
+    out.id = "@LAYOUT_ID@";
+    out.hidden = true;
+    const width = document.documentElement.clientWidth;
+    out.textContent = JSON.stringify({width, pre: pres, cells, problems});
+    document.body.append(out);
+  };
+  addEventListener("load", () => requestAnimationFrame(() => setTimeout(measure, 100)));
+})();
+""".replace("@LAYOUT_ID@", LAYOUT_ID)
 
 
 class _Page(HTMLParser):
@@ -125,6 +222,23 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         """Log nothing: failures are reported by the checks."""
 
+    def do_GET(self) -> None:
+        """Serve the site; a page asked for with LAYOUT_QUERY comes with LAYOUT_SCRIPT."""
+        parts = urlsplit(self.path)
+        page = Path(self.translate_path(parts.path))
+        if page.is_dir():
+            page = page / "index.html"
+        if parts.query != LAYOUT_QUERY or page.suffix != ".html" or not page.is_file():
+            super().do_GET()
+            return
+        text = page.read_text(encoding="utf-8")
+        body = text.replace("</body>", f"<script>{LAYOUT_SCRIPT}</script></body>", 1).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
 
 def _chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
@@ -144,7 +258,7 @@ def _browser(*arguments: str, profile: str) -> subprocess.CompletedProcess[str]:
             "--hide-scrollbars",
             "--no-first-run",
             f"--user-data-dir={profile}",
-            "--window-size=1280,1400",
+            f"--window-size={VIEWPORT[0]},{VIEWPORT[1]}",
             "--virtual-time-budget=3000",
             *arguments,
         ],
@@ -203,29 +317,64 @@ def _crawl(base: str) -> list[str]:
     return problems
 
 
+def api_pages(site: Path) -> list[str]:
+    """Return the site path of every page of the API reference."""
+    return sorted(
+        f"{page.parent.relative_to(site).as_posix()}/"
+        for page in (site / "reference").rglob("index.html")
+    )
+
+
+def _layout(url: str, dom: str) -> tuple[str, list[str]]:
+    """Read what LAYOUT_SCRIPT found in a dumped page: a summary, and one line per problem."""
+    found = re.search(rf'<div id="{LAYOUT_ID}"[^>]*>(.*?)</div>', dom, re.DOTALL)
+    if found is None:
+        return "not measured", [f"{url}: layout not measured (the page's script did not run)"]
+    result = json.loads(html.unescape(found.group(1)))
+    problems = [f"{url}: {problem}" for problem in result["problems"]]
+    if result["width"] != VIEWPORT[0]:
+        problems.append(f"{url}: measured at {result['width']} px wide, not {VIEWPORT[0]} px")
+    summary = f"{result['pre']} pre, {result['cells']} table cells at {result['width']} px"
+    return summary, problems
+
+
 def browse(site: Path, out: Path) -> list[str]:
-    """Screenshot the chosen pages in headless Chromium; return what looks wrong."""
+    """Screenshot the chosen pages in headless Chromium, measure them; return what looks wrong."""
     out.mkdir(parents=True, exist_ok=True)
     server, base = _serve(site)
     problems: list[str] = []
+    measured = dict(PAGES)
+    for path in api_pages(site.resolve()):
+        measured.setdefault(f"api-{path.removeprefix('reference/').strip('/') or 'index'}", path)
     try:
         with tempfile.TemporaryDirectory() as profile:
-            for name, path in PAGES.items():
+            for name, path in measured.items():
                 url = base + path
-                shot = out / f"{name}.png"
-                shot.unlink(missing_ok=True)
-                taken = _browser(f"--screenshot={shot}", url, profile=profile)
-                if not shot.exists():
-                    problems.append(f"{url}: no screenshot ({taken.stderr.strip()[-300:]})")
-                    continue
-                share = _background_share(shot)
-                if share > MAX_BACKGROUND:
-                    problems.append(f"{url}: blank ({share:.1%} of the screenshot is one colour)")
-                dom = _browser("--dump-dom", url, profile=profile).stdout
+                line = name
+                if name in PAGES:
+                    shot = out / f"{name}.png"
+                    shot.unlink(missing_ok=True)
+                    taken = _browser(f"--screenshot={shot}", url, profile=profile)
+                    if not shot.exists():
+                        problems.append(f"{url}: no screenshot ({taken.stderr.strip()[-300:]})")
+                        continue
+                    share = _background_share(shot)
+                    if share > MAX_BACKGROUND:
+                        problems.append(
+                            f"{url}: blank ({share:.1%} of the screenshot is one colour)"
+                        )
+                    line += f": {shot} (background {share:.1%}"
+                else:
+                    line += f": {path} ("
+                dom = _browser("--dump-dom", f"{url}?{LAYOUT_QUERY}", profile=profile).stdout
                 text = " ".join("".join(_parse(dom).text).split())
                 if len(text) < MIN_TEXT:
                     problems.append(f"{url}: blank ({len(text)} characters of text)")
-                print(f"{name}: {shot} ({len(text)} characters, background {share:.1%})")
+                summary, wrong = _layout(url, dom)
+                problems += wrong
+                state = "fits" if not wrong else f"{len(wrong)} layout problem(s)"
+                separator = ", " if name in PAGES else ""
+                print(f"{line}{separator}{len(text)} characters; {summary}: {state})")
         problems += _crawl(base)
     finally:
         server.shutdown()
