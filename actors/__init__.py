@@ -46,10 +46,10 @@ from actors.messages import (
 )
 from actors.process import ProcessLockManager
 from actors.ref import ManagerRef, ManagerStopped
-from actors.renewer import BatchOutcome, Renewer
+from actors.renewer import BatchOutcome, ChunkError, Renewer
 from actors.report import Stats
 from actors.scripts import DEFAULT_MAX_BATCH, RedisRenewer, extend_locks
-from actors.timer import ManualTimer, ThreadTimer, Timer
+from actors.timer import ManualTimer, ThreadTimer, Timer, TimerFactory
 from actors.timing import DEFAULT_LOCK_DURATION, Timing
 
 __all__ = [  # noqa: RUF022 (grouped by purpose, as pykka does)
@@ -87,12 +87,14 @@ __all__ = [  # noqa: RUF022 (grouped by purpose, as pykka does)
     "Timing",
     # Seams: what renews, and what ticks
     "BatchOutcome",
+    "ChunkError",
     "DEFAULT_MAX_BATCH",
     "ManualTimer",
     "RedisRenewer",
     "Renewer",
     "ThreadTimer",
     "Timer",
+    "TimerFactory",
     "extend_locks",
     "__version__",
 ]

@@ -50,6 +50,7 @@ __all__ = [
 
 logger = logging.getLogger("actors.bullmq")
 
+
 class Owner(Protocol):
     """What the wrappers tell the worker's lock manager (an ``Owner``)."""
 

@@ -23,16 +23,14 @@ import contextlib
 import logging
 import os
 import pickle
-import queue
 import signal
-import threading
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, Final
 
 from actors.books import Books, Report
 from actors.connection import client_like, command_timeout
 from actors.keys import QueueKeys
-from actors.process.shared import Tick, map_cells
+from actors.process.shared import Tick, Writer, map_cells
 from actors.renewer import BatchOutcome
 from actors.scripts import RedisRenewer
 from actors.timing import Timing, monotonic_ms, next_tick
@@ -93,7 +91,7 @@ def main(argv: list[str]) -> int:
 class _LogForward(logging.Handler):
     """Sends the child's log lines to the worker, which logs them as its own."""
 
-    def __init__(self, post: Callable[[tuple[Any, ...]], None], level: int) -> None:
+    def __init__(self, post: Callable[..., None], level: int) -> None:
         super().__init__(level)
         self._post = post
         self.setFormatter(logging.Formatter("%(message)s"))
@@ -118,8 +116,7 @@ class Child:
 
     def __init__(self, conn: Connection, memfd: int, config: dict[str, Any]) -> None:
         self._conn = conn
-        self._out: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-        self._writer = threading.Thread(target=self._write, name="child-writer", daemon=True)
+        self._out = Writer(conn, "child-writer")
         self._map, self._cells = map_cells(memfd, config["slots"])
         os.close(memfd)
         self._parent: int = config["parent"]
@@ -149,7 +146,6 @@ class Child:
 
     def run(self) -> int:
         """Serve the worker until it stops the child or is gone; return the exit code."""
-        self._writer.start()
         self._renewer.probe()
         watched: list[Any] = [self._conn]
         if self._pidfd is not None:
@@ -275,33 +271,9 @@ class Child:
             jobs = self._books.jobs
             with contextlib.suppress(Exception):  # logged by the renewer; the TTL does the rest
                 self._renewer.release(list(jobs.tokens.items()))
-        self._out.put(None)
-        self._writer.join(WAIT_S)
+        self._out.close(WAIT_S)
         self._client.close()
         return 0
-
-    def _write(self) -> None:
-        """Send what the child has to say, in batches, until told to end (the writer thread)."""
-        while True:
-            word = self._out.get()
-            batch = [] if word is None else [word]
-            end = word is None
-            while not end:
-                try:
-                    more = self._out.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    end = True
-                else:
-                    batch.append(more)
-            if batch:
-                try:
-                    self._conn.send(batch)
-                except (OSError, ValueError):
-                    return  # the worker is gone
-            if end:
-                return
 
 
 def _parent_handle(parent: int) -> int | None:

@@ -44,7 +44,7 @@ import actors.messages as m
 from actors.books import Report
 from actors.connection import client_settings, encoding, is_cluster
 from actors.lock_manager import Fired, LockManager, TicksFirst
-from actors.process.shared import Cells, SharedValidity, Tick
+from actors.process.shared import Cells, SharedValidity, Tick, Writer
 from actors.scripts import DEFAULT_MAX_BATCH
 from actors.timer import ThreadTimer
 from actors.timing import DEFAULT_LOCK_DURATION, check_lock_duration
@@ -134,11 +134,12 @@ def connection_spec(connection: object) -> str | dict[str, Any]:
 
 @dataclass
 class Child:
-    """One child process and the socket to it."""
+    """One child process, the socket to it, and the thread that writes to it."""
 
     generation: int
     process: subprocess.Popen[bytes]
     conn: Connection
+    writer: Writer
 
 
 def spawn(config: dict[str, Any], memfd: int, generation: int) -> Child:
@@ -185,7 +186,7 @@ def spawn(config: dict[str, Any], memfd: int, generation: int) -> Child:
         if isinstance(detail, Exception):
             raise detail
         raise RuntimeError(f"the child process could not start: {detail}")
-    return Child(generation, process, conn)
+    return Child(generation, process, conn, Writer(conn, f"LockManager-child-writer-{generation}"))
 
 
 def end(process: subprocess.Popen[bytes]) -> None:
@@ -321,8 +322,8 @@ class ProcessLockManager(LockManager, isolation="process"):
         self._closing = True
         child, self._child = self._child, None
         if child is not None:
-            with contextlib.suppress(OSError, ValueError):
-                child.conn.send([*self._outbox, ("stop",)])
+            child.writer.put(*self._outbox, ("stop",))
+            child.writer.close(STOP_TIMEOUT_S)
             self._outbox = []
             try:
                 child.process.wait(STOP_TIMEOUT_S)
@@ -373,6 +374,7 @@ class ProcessLockManager(LockManager, isolation="process"):
     def _restart(self, child: Child, restarts: list[float]) -> Child | None:
         """Start the next child off the manager's thread; ``None`` when the manager must stop."""
         end(child.process)
+        child.writer.close(0)
         child.conn.close()
         logger.warning(
             "LockManager for queue %r: its child process ended (exit code %s); starting another",
@@ -414,9 +416,15 @@ class ProcessLockManager(LockManager, isolation="process"):
     # -- messages ------------------------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
-        """Handle one message, then tell the child what changed."""
+        """Handle one message, answer it, then tell the child what changed."""
         try:
-            return super().on_receive(message)
+            answer = super().on_receive(message)
+            envelope = self._mailbox.current
+            if envelope.reply_to is not None and envelope.message is message:
+                # Answered before the write to the child: the asker waits for the books only.
+                envelope.reply_to.set(answer)
+                envelope.reply_to = None
+            return answer
         finally:
             self._sync()
 
@@ -448,13 +456,9 @@ class ProcessLockManager(LockManager, isolation="process"):
     def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []
         child = self._child
-        if child is None:
-            return
-        try:
-            child.conn.send(outbox)
-        except (OSError, ValueError):
-            # The child is gone: the reader starts another, which is given every lock.
-            logger.debug("LockManager for queue %r: the child is gone", self.queue_name)
+        if child is not None:
+            # A child gone meanwhile: the reader starts another, which is given every lock.
+            child.writer.put(*outbox)
 
     def _on_extend(self, message: m.ExtendLocks) -> None:
         """A "renew now": the child runs it; an ask is answered once its report is delivered."""

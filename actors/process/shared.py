@@ -17,16 +17,19 @@ import contextlib
 import logging
 import mmap
 import os
+import queue
 import tempfile
+import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from actors.jobs import Validity
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
+    from multiprocessing.connection import Connection
 
-__all__ = ["SLOTS", "Cells", "SharedValidity", "Tick", "map_cells"]
+__all__ = ["SLOTS", "Cells", "SharedValidity", "Tick", "Writer", "map_cells"]
 
 logger = logging.getLogger("actors.lock_manager")
 
@@ -181,3 +184,55 @@ class Cells:
         """Close the descriptor; the map stays while a lease holds a view of it."""
         with contextlib.suppress(OSError):
             os.close(self.fd)
+
+
+class Writer:
+    """One thread that sends a side's words over the socket, in batches, in order.
+
+    Neither side ever waits for the other to read: a worker whose GIL is
+    held, or a child that is stopped, reads nothing for a while, and its
+    socket fills; only this thread waits then.
+
+    Args:
+        conn: This side's end of the socket pair.
+        name: The thread's name.
+    """
+
+    def __init__(self, conn: Connection, name: str) -> None:
+        self._conn = conn
+        self._words: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._write, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, *words: tuple[Any, ...]) -> None:
+        """Send ``words``, after every word put before them."""
+        for word in words:
+            self._words.put(word)
+
+    def close(self, timeout: float) -> None:
+        """Send what is queued, then end (waiting at most ``timeout`` seconds)."""
+        self._words.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    def _write(self) -> None:
+        while True:
+            word = self._words.get()
+            batch = [] if word is None else [word]
+            end = word is None
+            while not end:
+                try:
+                    more = self._words.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    end = True
+                else:
+                    batch.append(more)
+            if batch:
+                try:
+                    self._conn.send(batch)
+                except (OSError, ValueError):
+                    return  # the other side is gone
+            if end:
+                return
