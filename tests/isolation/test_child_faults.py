@@ -249,3 +249,29 @@ def test_a_lease_with_no_shared_cell_follows_the_childs_word(
             one.check()
     assert recorder.lost() == []
     stop(manager)
+
+
+def test_a_stopped_child_whose_socket_fills_holds_up_neither_answers_nor_deadlines(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    recorder = Renewals()
+    manager = _start(server, recorder)
+    tokens = take_locks(redis_client, KEYS, ["watched"], LOCK_MS)
+    watcher = Watcher.start()
+    track_job(manager, "watched", tokens["watched"], notify=watcher)
+    wait_for(lambda: recorder.renewed()["watched"] >= 2, SOON_S, "a few renewals")
+    [child] = children()
+    os.kill(child, signal.SIGSTOP)
+    try:
+        # When the worker goes on tracking (and untracking) while the child reads nothing,
+        # far more than a socket holds
+        for i in range(20_000):
+            track_job(manager, f"burst-{i}", "x" * 64)
+        # Then the manager still answers at once, and the watcher is told in time
+        assert get_active_job_count(manager, timeout=SOON_S) == 20_001
+        told = wait_for(lambda: watcher.ask("told"), 2 * LOCK_MS / 1000, "the watcher told")
+        assert [lost.reason for _, lost in told] == ["unconfirmed"]
+        assert redis_client.get(KEYS.lock("watched")) == tokens["watched"].encode()
+    finally:
+        os.kill(child, signal.SIGCONT)
+    stop(manager)
