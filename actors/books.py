@@ -196,11 +196,14 @@ class Books:
             why: What else was measured, for the detail of a late answer's loss.
         """
         jobs = self.jobs
+        late = "a renewal's answer came only after the deadline"
         if not isinstance(outcome, BatchOutcome):
             # A BaseException too: left to pykka, it would stop every actor.
             error = outcome if isinstance(outcome, Exception) else RuntimeError(repr(outcome))
             report.error = report.error or error
             report.unknown += len(due)
+            # The failed call took time: a watched deadline may have passed meanwhile.
+            self.unconfirmed(answered, report, why=why)
             return
         settled = changes is None or changes == jobs.changes
         if settled and not outcome.failed and not outcome.errors:
@@ -231,7 +234,6 @@ class Books:
             ]
             jobs.stamp(renewed, at)
         if jobs.valid:
-            late = "a renewal's answer came only after the deadline"
             gone = set(self.unconfirmed(answered, report, why="; ".join(filter(None, [late, why]))))
             if gone:
                 renewed = [job_id for job_id in renewed if job_id not in gone]

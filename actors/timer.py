@@ -230,6 +230,8 @@ class Alarm:
             return "now", now, now, 0
         late = max(0, now - max(scheduled, self.pending.pop(scheduled)))
         if scheduled == self.grid:
+            if scheduled == self.retry:
+                self.retry = None  # the grid's tick does the retry's work
             return "grid", now, scheduled, late
         if scheduled == self.retry:
             self.retry = None

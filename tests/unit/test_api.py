@@ -1,30 +1,18 @@
-"""Bad input fails at the call site, naming the argument; nothing reaches Redis."""
+"""The module helpers refuse bad input at the call site, naming the argument.
+
+Nothing reaches Redis: the manager is started on a URL nobody listens on.
+"""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from typing import Any
 
 import pykka
 import pytest
 
-from actors import (
-    ExtendLocks,
-    LockManager,
-    ManagerRef,
-    ManagerStopped,
-    QueueKeys,
-    TrackJob,
-    UntrackJob,
-    is_tracked,
-    start_link,
-    stop,
-    track_job,
-    untrack_job,
-)
+from actors import ManagerRef, QueueKeys, is_tracked, start_link, stop, track_job, untrack_job
 from actors.timing import MAX_DURATION_MS, MAX_TEXT_BYTES
-from tests.support import unchecked
 
 # Nothing listens here: these tests must fail before any command is sent.
 UNUSED_URL = "redis://127.0.0.1:1/0"
@@ -116,6 +104,10 @@ def test_the_helpers_refuse_what_is_not_a_manager_reference() -> None:
         ({"connection": 6379}, TypeError, "connection"),
         ({"connection": None}, TypeError, "connection"),
         ({"renewer": lambda ids, tokens: None}, TypeError, "connection or renewer"),
+        ({"safety_margin": 30000 - 7500}, ValueError, "safety_margin"),
+        ({"safety_margin": -1}, ValueError, "safety_margin"),
+        ({"isolation": "fiber"}, ValueError, "isolation"),
+        ({"isolation": 1}, TypeError, "isolation"),
     ],
 )
 def test_start_link_refuses_bad_options(
@@ -148,85 +140,3 @@ def test_the_shortest_redis_lock_is_accepted() -> None:
 def test_a_bad_url_is_refused_at_start() -> None:
     with pytest.raises(ValueError, match="redis://"):
         start_link(connection="http://example", keys=QueueKeys("q"))
-
-
-@pytest.mark.parametrize(
-    ("build", "error", "argument"),
-    [
-        (lambda: TrackJob(None, None), TypeError, "job_id"),  # type: ignore[arg-type]
-        (lambda: TrackJob("j", ""), ValueError, "token"),
-        (lambda: UntrackJob(""), ValueError, "job_id"),
-        (lambda: ExtendLocks(1.5), TypeError, "scheduled"),  # type: ignore[arg-type]
-    ],
-)
-def test_a_malformed_message_cannot_be_built(
-    build: Any, error: type[Exception], argument: str
-) -> None:
-    with pytest.raises(error, match=argument):
-        build()
-
-
-def test_what_is_no_message_is_refused_at_the_caller(manager: ManagerRef) -> None:
-    for garbage in ("garbage", None, 42, object()):
-        with pytest.raises(TypeError, match="takes its messages"):
-            manager.tell(garbage)
-        with pytest.raises(TypeError, match="takes its messages"):
-            manager.ask(garbage, timeout=5)
-
-    assert manager.is_alive()
-
-
-def test_malformed_messages_that_reach_it_are_dropped_and_the_manager_lives(
-    manager: ManagerRef, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.WARNING, logger="actors")
-    forged: list[object] = [
-        unchecked(TrackJob, job_id=None, token=None, ts=0),
-        unchecked(TrackJob, job_id="j", token="", ts=0),
-        unchecked(UntrackJob, job_id=""),
-    ]
-    for message in forged:
-        manager.tell(message)
-    track_job(manager, "j", "t")
-
-    assert is_tracked(manager, "j", timeout=5)
-    assert manager.is_alive()
-    # Each bad track is dropped with a warning; an untrack of no id untracks nothing.
-    dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
-    assert len(dropped) == 2 and all("TrackJob" in text for text in dropped), dropped
-
-
-def test_a_proxy_checks_its_calls_in_the_callers_thread(manager: ManagerRef) -> None:
-    proxy = manager.proxy()
-
-    with pytest.raises(ValueError, match="token"):
-        proxy.track_job("j", "")
-    with pytest.raises(ValueError, match="token"):
-        proxy.track_job.defer("j", "")
-    with pytest.raises(AttributeError, match="no operation 'on_receive'"):
-        proxy.on_receive("x")
-    with pytest.raises(AttributeError, match="cannot be set"):
-        proxy.queue_name = "other"
-
-    assert manager.is_alive()
-
-
-def test_stop_is_idempotent_and_tracking_after_stop_is_a_no_op(manager: ManagerRef) -> None:
-    stop(manager)
-    stop(manager)
-    track_job(manager, "j", "t")
-    untrack_job(manager, "j")
-    untrack_job(manager, "j", wait=True)
-
-    assert not manager.is_alive()
-    with pytest.raises(ManagerStopped, match="LockManager for queue 'q' is stopped"):
-        is_tracked(manager, "j")
-
-
-def test_a_manager_class_started_directly_hands_out_a_checked_reference() -> None:
-    ref = LockManager.start(connection=UNUSED_URL, keys=QueueKeys("q"))
-
-    assert isinstance(ref, ManagerRef)
-    with pytest.raises(ValueError, match="job_id"):
-        ref.proxy().track_job("", "t")
-    assert ref.is_alive()

@@ -1,13 +1,20 @@
-"""The job table's batch order: a lock not yet renewed goes first in its tick."""
+"""The job table: batch order, claims, the watched locks' deadlines, the locks lost lately."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.jobs import Claim, Gone, JobTable, LostLocks
+from actors.jobs import Claim, Ended, JobTable, LostLocks, Validity
 
 THRESHOLD = 100
+LOCK = 30_000
+MARGIN = 1000
+
+
+def table(lock_duration: int = LOCK) -> JobTable:
+    """An empty table for locks of ``lock_duration`` ms, watched with :data:`MARGIN`."""
+    return JobTable(lock_duration, MARGIN)
 
 
 class Target:
@@ -19,7 +26,7 @@ class Target:
 
 def table_with_renewed(count: int, at: int) -> JobTable:
     """``count`` jobs renewed once at ``at``."""
-    jobs = JobTable()
+    jobs = table()
     for i in range(count):
         jobs.track(f"old-{i}", "t", 0)
     due, _ = jobs.due(at, THRESHOLD)
@@ -91,7 +98,7 @@ def test_a_fresh_job_whose_renewal_failed_stays_fresh() -> None:
 
 
 def test_untracking_forgets_that_it_was_fresh() -> None:
-    jobs = JobTable()
+    jobs = table()
     jobs.track("a", "t", 0)
     jobs.untrack("a")
     assert jobs.fresh == {}
@@ -111,7 +118,7 @@ operations = st.lists(
 def test_every_due_job_and_only_those_with_the_unrenewed_first(
     ops: list[tuple[str, int, object]],
 ) -> None:
-    jobs = JobTable()
+    jobs = table()
     renewed: set[str] = set()
     now = 1000
     for op, value, extra in ops:
@@ -140,7 +147,7 @@ def test_every_due_job_and_only_those_with_the_unrenewed_first(
 
 def test_each_target_of_a_lock_is_kept_once_in_the_order_it_asked() -> None:
     a, b = Target(), Target()
-    jobs = JobTable()
+    jobs = table()
     jobs.track("j", "t", 0, notify=a)
     jobs.track("j", "t", 10, notify=b)
     jobs.track("j", "t", 20, notify=a)
@@ -157,7 +164,7 @@ def test_each_target_of_a_lock_is_kept_once_in_the_order_it_asked() -> None:
 
 def test_each_holder_adds_its_own_claim_and_the_same_holder_again_adds_none() -> None:
     a = Target()
-    jobs = JobTable()
+    jobs = table()
     jobs.track("j", "t", 0)
     jobs.track("j", "t", 5)  # a progress hook: the same plain claim
     jobs.track("j", "t", 10, notify=a, max_hold=100)
@@ -167,23 +174,36 @@ def test_each_holder_adds_its_own_claim_and_the_same_holder_again_adds_none() ->
     assert jobs.stamps["j"] == 0
 
 
-def test_a_claims_deadline_ends_that_claim_alone() -> None:
+def test_a_lock_is_over_its_hold_limit_from_the_first_claims_hold_end_on() -> None:
     a = Target()
-    jobs = JobTable()
+    jobs = table()
     jobs.track("j", "t", 0)
     jobs.track("j", "t", 0, notify=a, max_hold=100)
 
-    assert jobs.overdue(100) == ["j"]
-    ended = jobs.expire("j", 100)
+    assert jobs.over_hold(99) == []
+    assert jobs.over_hold(100) == ["j"]
 
-    assert ended == ("t", (Claim(a, 100),), False)
+
+def test_ending_some_claims_keeps_the_lock_while_one_is_left() -> None:
+    a, b = Target(), Target()
+    jobs = table()
+    jobs.track("j", "t", 0)
+    jobs.track("j", "t", 0, notify=a, max_hold=100)
+    jobs.track("j", "t", 0, notify=b)
+
+    ended = jobs.end_claims("j", lambda claim: claim.target is not None)
+
+    assert ended == Ended("t", (Claim(a, 100), Claim(b, None)), last=False)
     assert jobs.claims("j") == (Claim(None, None),)
-    assert "j" not in jobs.watches and "j" in jobs
+    # Plain again: nobody watches it, it has no deadline, and it is due at its threshold only.
+    assert "j" not in jobs.watches and "j" not in jobs.valid and "j" in jobs
+    assert jobs.end_claims("j", lambda claim: True) == Ended("t", (Claim(None, None),), True)
+    assert "j" not in jobs
 
 
 def test_an_untrack_naming_a_target_ends_its_claim_alone() -> None:
     a, b = Target(), Target()
-    jobs = JobTable()
+    jobs = table()
     jobs.track("j", "t", 0)
     jobs.track("j", "t", 0, notify=a, keep=True)
     jobs.track("j", "t", 0, notify=b)
@@ -196,7 +216,7 @@ def test_an_untrack_naming_a_target_ends_its_claim_alone() -> None:
 
 def test_an_untrack_without_a_target_leaves_the_kept_claims() -> None:
     a, b = Target(), Target()
-    jobs = JobTable()
+    jobs = table()
     jobs.track("j", "t", 0)
     jobs.track("j", "t", 0, notify=a, keep=True)
     jobs.track("j", "t", 0, notify=b)
@@ -211,7 +231,7 @@ def test_an_untrack_without_a_target_leaves_the_kept_claims() -> None:
 
 def test_a_new_token_hands_back_every_target_of_the_old_lock() -> None:
     a, b, c = Target(), Target(), Target()
-    jobs = JobTable()
+    jobs = table()
     jobs.track("j", "old", 0, notify=a)
     jobs.track("j", "old", 0, notify=b)
 
@@ -224,7 +244,7 @@ def test_a_new_token_hands_back_every_target_of_the_old_lock() -> None:
 
 def test_a_new_token_without_a_target_leaves_no_watch() -> None:
     a, b = Target(), Target()
-    jobs = JobTable()
+    jobs = table()
     jobs.track("j", "old", 0, notify=a)
     jobs.track("j", "old", 0, notify=b)
 
@@ -234,20 +254,21 @@ def test_a_new_token_without_a_target_leaves_no_watch() -> None:
 
 def test_each_claim_keeps_its_own_hold_deadline() -> None:
     a, b = Target(), Target()
-    jobs = JobTable()
+    jobs = table()
     jobs.track("j", "t", 0, notify=a, max_hold=100)
     jobs.track("j", "t", 60, notify=b, max_hold=100)
 
     assert jobs.watches["j"].targets == (a, b)
-    assert jobs.watches["j"].deadline == 100
-    assert jobs.overdue(100) == ["j"]
-    assert jobs.expire("j", 100) == ("t", (Claim(a, 100),), False)
-    assert jobs.watches["j"].deadline == 160
+    assert jobs.watches["j"].hold_end == 100
+    assert jobs.over_hold(100) == ["j"]
+    ended = jobs.end_claims("j", lambda claim: claim.hold_end is not None and claim.hold_end <= 100)
+    assert ended == ("t", (Claim(a, 100),), False)
+    assert jobs.watches["j"].hold_end == 160
 
 
 def test_a_lost_lock_hands_back_every_claim() -> None:
     a, b = Target(), Target()
-    jobs = JobTable()
+    jobs = table()
     jobs.track("j", "t", 0, notify=a)
     jobs.track("j", "t", 0, notify=b, keep=True)
 
@@ -267,20 +288,20 @@ def test_the_lost_locks_remembered_are_bounded_the_least_recent_forgotten_first(
 
     assert len(lost) == 3
     assert lost.get("j1", "t") is None
-    assert lost.get("j0", "t") == Gone("stolen", ())
+    assert lost.get("j0", "t") == ("stolen", ())
 
 
 def test_a_lost_lock_remembers_each_target_told_once_and_its_first_reason() -> None:
     a, b = Target(), Target()
     lost = LostLocks()
-    lost.add("j", "t", None, (Claim(a, 10),))  # a's claim ended, the lock lived on
-    lost.add("j", "t", "expired", (Claim(None, None), Claim(a, None), Claim(b, None)))
-    lost.told("j", "t", b)
+    lost.add("j", "t", None, (a,))  # a's claim ended, the lock lived on
+    lost.add("j", "t", "expired", (None, a))
+    lost.add("j", "t", "stolen", (b, a))
 
-    gone = lost.get("j", "t")
-
-    assert gone is not None and gone.reason == "expired"
-    assert gone.told == (a, None, b)
+    assert lost.get("j", "t") == ("expired", (a, None, b))
+    assert lost.was_told("j", "t", a) and lost.was_told("j", "t", None)
+    assert not lost.was_told("j", "t", Target())
+    assert not lost.was_told("j", "other", a)
 
 
 _steps = st.lists(
@@ -301,7 +322,7 @@ def test_the_earliest_deadline_is_always_that_of_a_watched_lock(
     steps: list[tuple[str, str, str, int | None, int, int | None]],
 ) -> None:
     # A stale earliest deadline arms the manager's timer for a fire nobody needs.
-    jobs = JobTable(lock_duration=100)
+    jobs = JobTable(lock_duration=100, safety_margin=10)
     targets = [Target(), Target()]
     now = 0
     for kind, job_id, token, target, step, margin in steps:
@@ -319,4 +340,124 @@ def test_the_earliest_deadline_is_always_that_of_a_watched_lock(
             for overdue in jobs.confirm(now):
                 jobs.untrack(overdue, everyone=True)
         deadlines = [validity.deadline for validity in jobs.valid.values()]
-        assert jobs.earliest == min(deadlines, default=None)
+        assert jobs.deadlines.earliest == min(deadlines, default=None)
+        # Exactly the locks somebody watches have a deadline.
+        assert set(jobs.valid) == {j for j, watch in jobs.watches.items() if watch.targets}
+
+
+def test_a_watched_lock_is_trusted_lock_duration_minus_its_margin_after_its_taking() -> None:
+    jobs = table()
+    jobs.track("j", "t", 500, notify=Target())
+    jobs.track("careful", "t", 500, notify=Target(), margin=5000)
+
+    assert jobs.valid["j"].deadline == 500 + LOCK - MARGIN
+    assert jobs.valid["careful"].deadline == 500 + LOCK - 5000
+    assert jobs.deadlines.earliest == 500 + LOCK - 5000
+
+
+def test_the_most_careful_watchers_margin_sets_the_locks_deadline() -> None:
+    jobs = table()
+    jobs.track("j", "t", 0, notify=Target(), margin=200)
+    careful = Target()
+    jobs.track("j", "t", 0, notify=careful, margin=4000)
+
+    assert jobs.valid["j"].deadline == LOCK - 4000
+    jobs.untrack("j", "t", notify=careful)
+    assert jobs.valid["j"].deadline == LOCK - 200
+    assert jobs.deadlines.earliest == LOCK - 200
+
+
+def test_a_confirmed_renewal_moves_the_deadline_and_a_passed_deadline_is_said() -> None:
+    jobs = table()
+    jobs.track("j", "t", 0, notify=Target())
+    jobs.track("k", "t", 0, notify=Target())
+    jobs.stamp(["j", "k"], 4000)
+
+    assert jobs.confirm(4010) == []
+    assert jobs.valid["j"].deadline == 4000 + LOCK - MARGIN
+    # Past its deadline, a lock is said lost even if a renewal of it was just stamped:
+    # nobody had confirmed it at its deadline.
+    jobs.stamp(["k"], 4000 + LOCK)
+    assert jobs.confirm(4000 + LOCK - MARGIN) == ["j", "k"]
+
+
+def test_an_older_stamp_never_moves_a_deadline_back() -> None:
+    jobs = table()
+    jobs.track("j", "t", 1000, notify=Target())
+    jobs.stamps["j"] = 0  # a renewal sent before the taking was confirmed
+
+    jobs.confirm(10)
+
+    assert jobs.valid["j"].deadline == 1000 + LOCK - MARGIN
+
+
+def test_a_watched_locks_record_is_released_once_nobody_watches_it() -> None:
+    # A shared record (process mode) frees its cell on release: none may leak.
+    built: list[tuple[str, int, int]] = []
+    released: list[str] = []
+
+    class Record(Validity):
+        __slots__ = ("job_id",)
+
+        def __init__(self, job_id: str, confirmed: int, span: int) -> None:
+            super().__init__(confirmed, span)
+            self.job_id = job_id
+            built.append((job_id, confirmed, span))
+
+        def release(self) -> None:
+            released.append(self.job_id)
+
+    jobs = JobTable(LOCK, MARGIN, Record)
+    a = Target()
+    jobs.track("j", "t", 7, notify=a)
+    jobs.track("k", "t", 7, notify=a)
+    jobs.track("l", "t", 7, notify=a)
+
+    jobs.untrack("j")
+    jobs.track("k", "new", 9)  # a new lock: nobody watches it
+    jobs.untrack("l", everyone=True)
+
+    assert built == [("j", 7, LOCK - MARGIN), ("k", 7, LOCK - MARGIN), ("l", 7, LOCK - MARGIN)]
+    assert released == ["j", "k", "l"]
+    assert jobs.valid == {}
+
+
+def test_a_claim_releasing_its_lock_marks_the_lock_until_it_says_otherwise() -> None:
+    a = Target()
+    jobs = table()
+    jobs.track("j", "t", 0)
+    jobs.track("j", "t", 0, notify=a, releasing=True)
+    assert jobs.releasing("j")
+
+    # The same claim again, not releasing: the release failed, the lock is held on.
+    jobs.track("j", "t", 10, notify=a)
+    assert not jobs.releasing("j")
+    assert jobs.claims("j") == (Claim(None, None), Claim(a, None))
+
+
+def test_a_plain_release_keeps_the_lock_renewed_at_its_threshold_only() -> None:
+    jobs = table()
+    jobs.track("j", "t", 0, releasing=True)
+
+    assert jobs.releasing("j") and not jobs.watched("j")
+    assert jobs.due(THRESHOLD, THRESHOLD)[0] == []
+    assert jobs.due(THRESHOLD + 1, THRESHOLD)[0] == ["j"]
+
+
+def test_the_change_count_moves_only_when_a_lock_is_let_go_or_replaced() -> None:
+    jobs = table()
+    jobs.track("j", "t", 0)
+    jobs.track("k", "t", 0, notify=Target())
+    before = jobs.changes
+
+    jobs.track("j", "t", 5)  # the same lock again
+    jobs.stamp(["j", "k"], 10)
+    jobs.track("k", "t", 0, notify=Target())  # another claim
+    assert jobs.changes == before
+
+    jobs.track("j", "new", 20)
+    assert jobs.changes == before + 1
+    jobs.untrack("j")
+    assert jobs.changes == before + 2
+    jobs.untrack("k", everyone=True)
+    assert jobs.changes == before + 3

@@ -7,8 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors import QueueKeys
-from actors.keys import hash_slot
-from actors.keys import hash_tag
+from actors.keys import hash_slot, hash_tag
 
 #: Text a key may hold: any character that encodes as UTF-8 (no lone surrogate).
 texts = st.text(st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=30)

@@ -5,8 +5,9 @@ that fires only when the machine's ``timer_fires`` rule says so
 (``timer=ManualTimers()``), and an in-memory lock table as its renewer. Jobs
 open and leave leases; other workers steal or delete their locks; time
 passes; ticks run on the grid (late by a random amount) or as a "renew now";
-a renewal call fails now and then; the manager may stop and be replaced. The model says, for
-each lease, whether and why its lock is lost after every step:
+a renewal call fails now and then, and is tried again soon; the manager may
+stop and be replaced. The model says, for each lease, whether and why its
+lock is lost after every step:
 
 - ``max_hold``: at the first tick whose clock is at or past the deadline;
 - ``stolen`` / ``expired``: at the first tick that renews the job (a leased
@@ -27,8 +28,9 @@ step (never early, never late, never a wrong reason); a lease never says
 ``unconfirmed`` before its deadline and always says it at its deadline; the
 manager tells each lease at most once, and only about its own lock; a lease
 left with its lock held never changes again; the manager tracks exactly the
-held leases; the timer is armed for the grid or the earliest deadline before
-it. No Redis is involved.
+held leases; the timer is armed for the first of the grid, the retry of a
+failed renewal and the earliest deadline, never again for a time it just
+fired for. No Redis is involved.
 """
 
 from __future__ import annotations
@@ -44,15 +46,18 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 import actors
 from actors import ExtendLocks, Lease, LockLost, ManagerRef, QueueKeys
-from actors.messages import Reason
-from actors.timing import Timing, default_safety_margin, next_tick
-from actors.messages import EXPIRED, STOLEN
+from actors.messages import EXPIRED, STOLEN, Reason
 from actors.renewer import BatchOutcome
+from actors.timing import Timing, default_safety_margin, next_tick
 from tests.support import ManualClock, ManualTimers
 
 JOB_IDS = [f"job-{i}" for i in range(5)]
 ids = st.sampled_from(JOB_IDS)
 holds = st.one_of(st.none(), st.integers(1, 1500))
+
+#: The first pause before a failed renewal is tried again, in ms (it doubles
+#: with each failure in a row, up to a quarter of the interval).
+FIRST_RETRY_MS = 10
 
 
 class Table:
@@ -157,8 +162,11 @@ class LeaseMachine(RuleBasedStateMachine):
             clock=self.clock,
             timer=self.timers,
         )
-        #: The manager's next grid tick.
+        #: The manager's next grid tick, the retry of a failed renewal, and
+        #: how many renewals failed in a row.
         self.grid = self.clock.now + self.timing.interval
+        self.retry: int | None = None
+        self.failures = 0
 
     def teardown(self) -> None:
         if hasattr(self, "manager"):
@@ -251,7 +259,7 @@ class LeaseMachine(RuleBasedStateMachine):
         else:
             at = model.stamp + past
         self.clock.now = max(self.clock.now, at)
-        self._tick(at=self.clock.now, message=ExtendLocks())
+        self._tick(self.clock.now, ExtendLocks(), "now")
 
     @rule(late=st.lists(st.one_of(st.integers(0, 3), st.floats(0, 2.5)), min_size=1, max_size=6))
     def timer_fires(self, late: list[float]) -> None:
@@ -260,12 +268,22 @@ class LeaseMachine(RuleBasedStateMachine):
             scheduled = self.timers.deadline
             lateness = int(each) if isinstance(each, int) else int(each * self.timing.interval)
             self.clock.now = max(self.clock.now, scheduled + lateness)
-            self._tick(at=scheduled, message=ExtendLocks(scheduled))
+            if scheduled == self.grid:
+                # The grid's tick, at the retry's time too, does the retry's work.
+                if self.retry == scheduled:
+                    self.retry = None
+                self._tick(scheduled, ExtendLocks(scheduled), "grid")
+            elif scheduled == self.retry:
+                self.retry = None
+                self._tick(self.clock.now, ExtendLocks(scheduled), "retry")
+            else:
+                self._tick(self.clock.now, ExtendLocks(scheduled), "deadline")
+            assert self.timers.deadline > scheduled, "armed again for a fired time"
             self.each_lease_says_what_the_model_says()
 
     @rule()
     def renew_now(self) -> None:
-        self._tick(at=self.clock.now, message=ExtendLocks())
+        self._tick(self.clock.now, ExtendLocks(), "now")
 
     @precondition(lambda self: len(self.table.calls) >= 3)
     @rule()
@@ -276,6 +294,7 @@ class LeaseMachine(RuleBasedStateMachine):
         for model in self._held():
             model.tell("manager_stopped")
         self._start_manager()
+        self.retry, self.failures = None, 0
 
     def _unconfirmed(self, now: int) -> None:
         """The manager lets go of every held lock whose deadline is at or before ``now``."""
@@ -283,20 +302,34 @@ class LeaseMachine(RuleBasedStateMachine):
             if model.stamp + self.span <= now:
                 model.tell("unconfirmed")
 
-    def _tick(self, at: int, message: ExtendLocks) -> None:
+    def _answered(self, answered: int, *, failed: bool) -> None:
+        """A renewal answered: one that failed is tried again soon, one that worked ends that."""
+        if failed:
+            self.failures += 1
+            wait = FIRST_RETRY_MS << min(self.failures - 1, 16)
+            self.retry = answered + max(1, min(self.timing.interval // 4, wait))
+        else:
+            self.failures, self.retry = 0, None
+
+    def _tick(self, at: int, message: ExtendLocks, kind: str) -> None:
+        """Run the tick of ``message``, which selects and stamps at ``at``; follow it in the model.
+
+        ``kind``: what the tick is for, ``"grid"``, ``"retry"``, ``"deadline"``
+        (the timer's fire for a watched lock's deadline) or ``"now"``.
+        """
         now = self.clock.now
         fails = self.table.fail_next
         pause = self.table.pause_next
         calls = len(self.table.calls)
-        deadline_fire = message.scheduled is not None and message.scheduled != self.grid
         self.manager.ask(message)
-        if deadline_fire:
+        if kind == "deadline":
             # The timer's fire for a watched deadline: it renews nothing.
             assert self.table.calls[calls:] == []
             self._unconfirmed(now)
             return
-        if message.scheduled is not None:
-            self.grid = next_tick(at, self.timing.interval, self.clock.now)
+        if kind == "grid":
+            # The next grid time, from the clock as the tick began.
+            self.grid = next_tick(at, self.timing.interval, now)
         for model in self._held():
             if model.deadline is not None and model.deadline <= now:
                 model.tell("max_hold")
@@ -309,6 +342,7 @@ class LeaseMachine(RuleBasedStateMachine):
         answered = now + (pause if due else 0)
         if due:
             assert self.clock.now == answered
+            self._answered(answered, failed=fails)
         if not fails:
             for model in due:
                 value = self.table.held.get(model.lease.job_id)
@@ -360,13 +394,14 @@ class LeaseMachine(RuleBasedStateMachine):
                 assert model.lease.told == [], model
 
     @invariant()
-    def the_timer_waits_for_the_grid_or_an_earlier_deadline(self) -> None:
-        armed = self.timers.deadline
+    def the_timer_waits_for_the_grid_the_retry_or_an_earlier_deadline(self) -> None:
+        retry = [] if self.retry is None else [self.retry]
         deadlines = [m.stamp + self.span for m in self._held()]
-        if armed != self.grid:
-            # A deadline fire: never after the grid, never after the earliest held deadline.
-            assert armed < self.grid
-        assert armed <= min([self.grid, *deadlines])
+        assert self.timers.deadline == min([self.grid, *retry, *deadlines]), (
+            self.grid,
+            self.retry,
+            deadlines,
+        )
 
     @invariant()
     def the_manager_tracks_exactly_the_held_leases(self) -> None:

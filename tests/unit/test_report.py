@@ -1,4 +1,9 @@
-"""A late tick is blamed on the process only when it is later than a thread timer can be on time."""
+"""What a manager says: its lateness warnings, its counters, and callbacks on their own thread.
+
+A late tick is blamed on the process only when it is later than a thread
+timer can be on time; a callback or a target that fails keeps nobody else
+from hearing.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from actors import QueueKeys, Timing, start_link, stop
+from actors import LockLost, QueueKeys, Timing, start_link, stop, track_job
+from actors.messages import STOLEN, TrackJob
+from actors.report import Counters
 from actors.timing import resolution_ms
+from tests.support import Inbox, LockTable, Recorder
 from tests.support.manual import ManualClock, manual_timer, tick
 
 if TYPE_CHECKING:
@@ -78,3 +86,59 @@ def test_lateness_within_a_quarter_of_the_window_is_not_warned(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     assert _late_warnings(2000, resolution_ms(), caplog) == []
+
+
+def test_the_counters_say_how_many_ticks_failed_since_the_last_that_worked() -> None:
+    counters = Counters()
+    assert counters.failures() == ""
+
+    counters.failed_streak, counters.last_error = 3, "ConnectionError: refused"
+
+    assert counters.failures() == "3 tick(s) failed since, the last with ConnectionError: refused"
+
+
+class Broken(Inbox):
+    """A target whose ``tell`` raises."""
+
+    def tell(self, message: object) -> None:
+        super().tell(message)
+        raise RuntimeError("the target broke")
+
+
+def test_a_callback_or_target_that_raises_keeps_nobody_else_from_hearing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock, table, recorder = ManualClock(), LockTable(), Recorder()
+    table.held.update({"a": "t", "b": "someone-else's"})
+
+    def renewed(job_ids: list[str]) -> None:
+        recorder.on_locks_renewed(job_ids)
+        raise RuntimeError("the callback broke")
+
+    manager = start_link(
+        renewer=table,
+        keys=QueueKeys("q"),
+        lock_duration=1000,
+        clock=clock,
+        timer=manual_timer(),
+        on_locks_renewed=renewed,
+        on_lock_renewal_failed=recorder.on_lock_renewal_failed,
+    )
+    broken, told = Broken(), Inbox()
+    try:
+        with caplog.at_level(logging.WARNING, logger="actors"):
+            track_job(manager, "a", "t")
+            manager.tell(TrackJob("b", "t", notify=broken))
+            manager.tell(TrackJob("b", "t", notify=told))
+            clock.advance(251)
+            tick(manager)
+            clock.advance(251)
+            tick(manager)
+    finally:
+        stop(manager)
+
+    assert recorder.renewed() == {"a": 2}
+    assert [lost.job_id for lost in recorder.lost()] == ["b"]
+    assert broken.got == told.got == [LockLost("b", "t", STOLEN)]
+    assert "on_locks_renewed raised" in caplog.text
+    assert "could not tell a Broken that job 'b' lost its lock" in caplog.text

@@ -15,7 +15,12 @@ What it proves, beyond "the tracked ids agree with the model":
 - the worst gap between two renewal attempts of a job is ``lock_renew_time``
   plus the lateness of the ticks since its last attempt;
 - a lost job is reported exactly once, with its token and reason;
-- a user's "renew now" never moves the timer.
+- a failed renewal is tried again soon (10 ms after its answer, twice as
+  long for each failure in a row, at most a quarter of the interval), and a
+  renewal that works ends the retries;
+- the timer is armed for the next grid time or the retry, whichever comes
+  first, never again for a time it just fired for, and a user's "renew now"
+  never moves the grid.
 """
 
 from __future__ import annotations
@@ -34,12 +39,15 @@ from hypothesis.stateful import (
 )
 
 from actors import LostLock, ManagerRef, ManualTimer, QueueKeys, start_link
-from actors.messages import ExtendLocks, GetTrackedJobIds, TrackJob, UntrackJob
-from actors.timing import Timing
-from actors.messages import EXPIRED, STOLEN
+from actors.messages import EXPIRED, STOLEN, ExtendLocks, GetTrackedJobIds, TrackJob, UntrackJob
+from actors.timing import Timing, next_tick
 from tests.support import LockTable, ManualClock
 
 ids = st.sampled_from([f"job-{i}" for i in range(8)])
+
+#: The first pause before a failed renewal is tried again, in ms (it doubles
+#: with each failure in a row, up to a quarter of the interval).
+FIRST_RETRY_MS = 10
 
 
 class ManagerMachine(RuleBasedStateMachine):
@@ -64,6 +72,11 @@ class ManagerMachine(RuleBasedStateMachine):
         self.reported: Counter[str] = Counter()
         self.reports: list[LostLock] = []
         self.token_counter = 0
+        # ... and when the timer should fire: the next grid time, the retry
+        # after a failed renewal (if any), and the failures in a row.
+        self.grid = 0
+        self.retry: int | None = None
+        self.failures = 0
 
     @initialize(
         duration=st.integers(8, 400),
@@ -81,8 +94,9 @@ class ManagerMachine(RuleBasedStateMachine):
             clock=self.clock,
             timer=lambda fire, name: self.timer,
         )
-        self.ref.ask(GetTrackedJobIds())  # on_start has run: the timer is armed
+        # Armed by the time start_link returns: one interval from now.
         assert self.timer.deadline == self.clock.now + self.timing.interval
+        self.grid = self.timer.deadline
 
     def _on_failed(self, lost: list[LostLock]) -> None:
         self.reports.extend(lost)
@@ -155,26 +169,40 @@ class ManagerMachine(RuleBasedStateMachine):
         scheduled = self.timer.deadline
         lateness = int(late) if isinstance(late, int) else int(late * self.timing.interval)
         self.clock.now = max(self.clock.now, scheduled + lateness)
-        self._tick(at=scheduled, message=ExtendLocks(scheduled))
-        # The next grid time, or the latest one already missed: never a burst.
+        if scheduled == self.grid:
+            # The grid's tick selects and stamps at its grid time; at the
+            # retry's time too, it does the retry's work.
+            if self.retry == scheduled:
+                self.retry = None
+            self._tick(scheduled, ExtendLocks(scheduled), on_grid=True)
+            # The next grid time, or the latest one already missed: never a burst.
+            self.grid = next_tick(scheduled, self.timing.interval, self.clock.now)
+            assert self.clock.now - self.timing.interval < self.grid
+        else:
+            # The retry of a failed renewal: a renew now, at the time it runs.
+            assert scheduled == self.retry, (scheduled, self.grid, self.retry)
+            self.retry = None
+            self._tick(self.clock.now, ExtendLocks(scheduled), late=self.clock.now - scheduled)
         following = self.timer.deadline
-        assert following is not None and following > scheduled
-        assert (following - scheduled) % self.timing.interval == 0
-        assert self.clock.now - self.timing.interval < following
+        assert following is not None and following > scheduled, "armed again for a fired time"
 
     @rule()
     def renew_now(self) -> None:
         """A user's manual tick: renews what is due now, leaves the grid alone."""
-        deadline = self.timer.deadline
-        self._tick(at=self.clock.now, message=ExtendLocks())
-        assert self.timer.deadline == deadline
+        self._tick(self.clock.now, ExtendLocks())
 
-    def _tick(self, at: int, message: ExtendLocks) -> None:
+    def _tick(
+        self, at: int, message: ExtendLocks, *, on_grid: bool = False, late: int | None = None
+    ) -> None:
+        """Run the tick of ``message``, which selects and stamps at ``at``; check it.
+
+        ``late``: how late the timer's fire ran (``now - at`` when ``None``).
+        """
         assert self.ref is not None
         now = self.clock.now
+        late = now - at if late is None else late
         threshold = self.timing.threshold
         due = [j for j in self.tokens if self.stamps[j] + threshold < at]
-        on_grid = message.scheduled is not None
         calls_before = len(self.locks.sent)
         raises, refuses = self.locks.raise_next, self.locks.refuse_half_next
 
@@ -183,12 +211,20 @@ class ManagerMachine(RuleBasedStateMachine):
         # A late tick delays the jobs it renews, and, when it overran whole
         # intervals, the catch-up tick after it: the lateness adds up.
         for job_id in self.tokens:
-            self.late_since[job_id] = self.late_since.get(job_id, 0) + (now - at)
+            self.late_since[job_id] = self.late_since.get(job_id, 0) + late
         calls = self.locks.sent[calls_before:]
         assert len(calls) == (1 if due else 0)
         if not due:
             return
         sent = calls[0][1]
+        # A renewal that failed, in whole or in part, is tried again soon; one
+        # that worked ends the retries.
+        if raises or refuses:
+            self.failures += 1
+            pause = FIRST_RETRY_MS << min(self.failures - 1, 16)
+            self.retry = now + max(1, min(self.timing.interval // 4, pause))
+        else:
+            self.failures, self.retry = 0, None
         # Exactly the due jobs, in one call: none before its threshold.
         assert sorted(sent) == sorted(due)
         for job_id in sent:
@@ -217,6 +253,11 @@ class ManagerMachine(RuleBasedStateMachine):
                 self.expected[job_id, self.tokens.pop(job_id)] = EXPIRED if held is None else STOLEN
 
     # -- invariants ------------------------------------------------------
+
+    @invariant()
+    def the_timer_waits_for_the_grid_or_the_retry(self) -> None:
+        retry = self.grid if self.retry is None else self.retry
+        assert self.timer.deadline == min(self.grid, retry), (self.grid, self.retry)
 
     @invariant()
     def tracked_ids_agree(self) -> None:

@@ -7,8 +7,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors import Timing
-from actors.timing import next_tick, select_due
-from actors.timing import MAX_DURATION_MS
+from actors.timing import (
+    MAX_DURATION_MS,
+    MAX_TEXT_BYTES,
+    check_lock_duration,
+    check_safety_margin,
+    default_safety_margin,
+    is_valid_text,
+    next_tick,
+    require_int,
+    require_text,
+    select_due,
+)
 
 
 def test_defaults_are_30000_15000_7500() -> None:
@@ -19,7 +29,7 @@ def test_defaults_are_30000_15000_7500() -> None:
     assert timing.interval == 7500
     assert timing.threshold == 7500
     assert timing.worst_gap == 15000
-    assert timing.margin == 15000
+    assert timing.headroom == 15000
 
 
 def test_renew_time_defaults_to_half_the_duration() -> None:
@@ -98,3 +108,66 @@ def test_durations_are_bounded_by_max_duration_ms() -> None:
         Timing(MAX_DURATION_MS + 1)
     with pytest.raises(ValueError, match="lock_renew_time"):
         Timing(1000, MAX_DURATION_MS + 1)
+
+
+def test_the_default_safety_margin_is_half_an_interval() -> None:
+    assert default_safety_margin(Timing()) == 3750
+    assert default_safety_margin(Timing(800, 600)) == 150
+
+
+def test_a_safety_margin_must_leave_an_interval_before_the_deadline() -> None:
+    timing = Timing()  # interval 7500: at most 30000 - 7500 - 1
+
+    assert check_safety_margin(0, timing) == 0
+    assert check_safety_margin(22499, timing) == 22499
+    with pytest.raises(ValueError, match="declared unconfirmed before its next renewal"):
+        check_safety_margin(22500, timing)
+    with pytest.raises(ValueError, match="safety_margin"):
+        check_safety_margin(-1, timing)
+    with pytest.raises(TypeError, match="safety_margin"):
+        check_safety_margin(1.5, timing)
+
+
+@pytest.mark.parametrize("seconds", [4, 30, 99])
+def test_a_redis_lock_under_100_ms_is_refused_as_seconds_typed_for_ms(seconds: int) -> None:
+    with pytest.raises(ValueError, match=f"lock_duration={seconds * 1000}"):
+        check_lock_duration(seconds)
+    check_lock_duration(100)
+
+
+class Text(str):
+    """A caller's ``str`` subclass, whose methods must never run on the manager's thread."""
+
+    __slots__ = ()
+
+    def __hash__(self) -> int:
+        raise AssertionError("the caller's __hash__ ran")
+
+
+class Count(int):
+    """A caller's ``int`` subclass."""
+
+
+def test_a_subclass_of_str_or_int_is_kept_as_the_plain_value() -> None:
+    text = require_text(Text("job"), "job_id")
+    count = require_int(Count(5), "max_batch")
+
+    assert type(text) is str and text == "job"
+    assert type(count) is int and count == 5
+
+
+@given(st.one_of(st.text(max_size=4), st.binary(max_size=2), st.none(), st.integers()))
+def test_is_valid_text_agrees_with_require_text(value: object) -> None:
+    try:
+        require_text(value, "job_id")
+    except (TypeError, ValueError):
+        assert not is_valid_text(value)
+    else:
+        assert is_valid_text(value)
+
+
+def test_text_is_bounded_in_utf8_bytes_not_characters() -> None:
+    assert is_valid_text("é" * (MAX_TEXT_BYTES // 2))
+    assert not is_valid_text("é" * (MAX_TEXT_BYTES // 2 + 1))
+    with pytest.raises(ValueError, match=f"at most {MAX_TEXT_BYTES} bytes"):
+        require_text("é" * (MAX_TEXT_BYTES // 2 + 1), "token")
