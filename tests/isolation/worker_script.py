@@ -1,7 +1,7 @@
 """A worker that renews its locks (in either mode), then waits to be killed.
 
 Run by the SIGKILL test: ``python worker_script.py URL QUEUE LOCK_MS ISOLATION JOB=TOKEN...``.
-It prints ``ready`` once the manager tracks every job, then waits to be killed, or exits
+It prints ``ready`` once the renewing side knows every job, then waits to be killed, or exits
 normally (without stopping the manager) when ``WORKER_THEN=exit``.
 """
 
@@ -11,7 +11,7 @@ import os
 import sys
 import threading
 
-from actors import QueueKeys, get_active_job_count, start_link, track_job
+from actors import ExtendLocks, QueueKeys, get_active_job_count, start_link, track_job
 
 if __name__ == "__main__":
     url, queue, lock_ms, isolation, *pairs = sys.argv[1:]
@@ -22,6 +22,8 @@ if __name__ == "__main__":
         job_id, token = pair.split("=", 1)
         track_job(manager, job_id, token)
     assert get_active_job_count(manager, timeout=30) == len(pairs)
+    # A renew now is answered once the renewing side ran it: it knows every lock by then.
+    manager.ask(ExtendLocks(), timeout=30)
     print("ready", flush=True)
     if os.environ.get("WORKER_THEN") == "exit":
         sys.exit(0)  # a normal exit, without stopping the manager
