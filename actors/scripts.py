@@ -583,6 +583,7 @@ class RedisRenewer:
         try:
             self.connection.ping()
         except redis.RedisError as exc:
+            self._told_unreachable = True
             logger.warning("%s", unreachable_message(self.connection, self.keys.name, exc))
 
     def _unreachable(self, exc: BaseException) -> None:

@@ -1,7 +1,8 @@
 """What a caller can send through each door (helper, message, proxy, deferred proxy call).
 
-Bad input fails at the caller; whatever reaches the manager anyway is dropped
-without running the caller's code, and every other job's renewal goes on.
+Bad input fails at the caller, in the caller's thread, and every other job's
+renewal goes on; what a door lets in is a plain message, which the manager
+trusts once built.
 Locks are short (``TTL`` ms) so a renewal that stops shows within a second.
 """
 
@@ -44,7 +45,6 @@ from tests.support import (
     Bystander,
     HoldingClock,
     Inbox,
-    ManualClock,
     Recorder,
     assert_still_renewing,
     manual_timer,
@@ -333,11 +333,10 @@ def test_an_early_grid_tick_from_a_caller_leaves_the_timer_on_its_grid(
 
 
 def test_a_proxy_call_from_a_callback_returns_at_once(redis_client: redis.Redis) -> None:
-    """``manager.proxy().stop().get()`` from a callback never waits for the manager's own thread.
+    """``manager.proxy().stop().get()`` from a callback returns at once.
 
-    The reference answers queries asked from the manager's thread at once; any
-    other ask from there (a proxy ``stop``) must not wait on a future only that
-    same thread could set.
+    A callback runs on the manager's delivery thread: a stop asked from there
+    must not wait on that same thread, which is busy running the callback.
     """
     tokens = take_locks(redis_client, KEYS, ["a"], TTL)
     budget = 10 * INTERVAL_S
@@ -566,7 +565,7 @@ def test_an_extend_locks_anybody_sends_waits_its_turn(redis_client: redis.Redis)
 
 
 def test_a_proxy_reads_values_not_the_managers_machinery(redis_client: redis.Redis) -> None:
-    """A proxy reads values: never the mailbox, its gate or bound methods."""
+    """A proxy reads values: never the mailbox, the thread or bound methods."""
     manager = start_manager(redis_client, KEYS)
     proxy = manager.proxy()
     assert proxy.queue_name.get(timeout=5) == KEYS.name

@@ -34,6 +34,7 @@ from tests.support import (
     Recorder,
     Server,
     alive,
+    delivered,
     new_token,
     set_locks,
     settle,
@@ -61,9 +62,10 @@ LEARN_S = 10 * INTERVAL_S
 
 
 def _untracked(manager: ManagerRef, job_id: str) -> None:
-    # The manager tells whoever waits in the tick that untracks the job, so
-    # once a later query sees it gone, everybody has been told.
+    # The step that untracks the job decides who is told, so once a later
+    # query sees it gone and the reports so far are delivered, everybody has been told.
     wait_for(lambda: not is_tracked(manager, job_id), LEARN_S, f"the loss of {job_id!r}")
+    delivered(manager)
 
 
 #: A ``max_hold`` off the tick grid, in ms: its deadline falls between two ticks.
@@ -112,9 +114,18 @@ class _TakenOver:
     reported: float
 
     def assert_kept_renewed(self, client: redis.Redis) -> None:
-        """Assert the other job was renewed after the report, and its lock holds our token."""
+        """Assert the other job is renewed after the report, and its lock holds our token.
+
+        The ticks after the report may be quick retries of ``"taken"`` alone
+        (a failed tick is retried soon): ``"kept"`` is due again within the
+        renew window, so its next renewal is awaited.
+        """
         kept = {"kept": self.tokens["kept"]}
-        assert self.recorder.renewed(since=self.reported)["kept"] >= 1, "kept stopped being renewed"
+        self.recorder.wait(
+            lambda: self.recorder.renewed(since=self.reported)["kept"] >= 1,
+            REPORT_S,
+            "kept to be renewed after the report",
+        )
         assert alive(client, KEYS, kept) == {"kept"}
 
 
@@ -127,8 +138,8 @@ def _take_over(
 ) -> _TakenOver:
     """Renew ``"taken"`` and ``"kept"``, let another holder write ``theirs`` on ``"taken"``.
 
-    Returns once the recorder got ``awaited`` (``"lost"`` or ``"errors"``) and
-    :data:`MORE_TICKS` more ticks ran.
+    Returns once the recorder got ``awaited`` (``"lost"`` or ``"errors"``),
+    :data:`MORE_TICKS` more ticks ran, and what they decided was delivered.
     """
     tokens = {"taken": token or new_token(), "kept": new_token()}
     set_locks(engine_client, KEYS, tokens, TTL)
@@ -142,6 +153,7 @@ def _take_over(
     recorder.wait(getattr(recorder, awaited), REPORT_S, f"the {awaited} of the lock taken over")
     reported = time.monotonic()
     wait_ticks(manager, MORE_TICKS, timeout=MORE_TICKS * REPORT_S)
+    delivered(manager)
     return _TakenOver(manager, recorder, tokens, reported)
 
 
@@ -229,6 +241,7 @@ def test_every_target_of_a_lock_is_told_once_however_often_it_asked(
     steal(engine_client, KEYS, "j", THEIRS_MS)
     _untracked(manager, "j")
     wait_ticks(manager, 2, LEARN_S)
+    delivered(manager)
 
     lost = LockLost("j", token, "stolen")
     assert (a.got, b.got) == ([lost], [lost])
@@ -248,7 +261,7 @@ def test_a_new_token_tells_every_target_of_the_old_lock(engine_client: redis.Red
     track_job(manager, "j", old, notify=b)
     engine_client.set(KEYS.lock("j"), "new-token", px=TTL)  # the job is taken again
     track_job(manager, "j", "new-token", notify=c)
-    settle(manager)
+    delivered(manager)
 
     replaced = LockLost("j", old, "stolen")
     assert (a.got, b.got, c.got) == ([replaced], [replaced], [])
@@ -275,6 +288,7 @@ def test_max_hold_tells_every_target(engine_client: redis.Redis) -> None:
         MAX_HOLD / 1000 + LEARN_S,
         "the job to be let go at its max_hold",
     )
+    delivered(manager)
 
     lost = LockLost("j", token, "max_hold")
     assert (a.got, b.got) == ([lost], [lost])

@@ -34,9 +34,9 @@ from actors import (
     Timing,
     get_stats,
     start_link,
+    telemetry,
     track_job,
 )
-import actors.telemetry as telemetry
 from actors.embedded import EmbeddedServer, free_port
 from tests.support import (
     ManualClock,

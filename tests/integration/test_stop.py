@@ -197,11 +197,13 @@ def test_a_callback_stopping_a_job_actor_that_untracks_with_wait_does_not_deadlo
         try:
             if stopping == "stop_all":
                 pykka.ActorRegistry.stop_all(timeout=STOP_TIMEOUT_S)
+                # (which stops the manager too, before it returns)
+                outcome["manager_alive"] = manager.is_alive()
             else:
                 job.stop(timeout=STOP_TIMEOUT_S)
-            # and the timer's tick, which jumps the mailbox, put while still in
-            # the callback, when the lock is due again
-            timers[0].fire(clock.advance(TTL // 2))
+                # and the timer's tick, which jumps the mailbox, put while still in
+                # the callback, when the lock is due again
+                timers[0].fire(clock.advance(TTL // 2))
             outcome["stopped"] = True
         except Exception as error:
             outcome["stopped"] = error
@@ -227,6 +229,8 @@ def test_a_callback_stopping_a_job_actor_that_untracks_with_wait_does_not_deadlo
         wait_for(lambda: "stopped" in outcome, 2 * PROMPT_S, "the callback's stop")
         assert outcome["stopped"] is True, outcome
         assert not job.is_alive()
+        if stopping == "stop_all":
+            assert outcome["manager_alive"] is False, "stop_all returned before the manager stopped"
         if stopping == "stop":
             # and its untrack went before the tick put after it: no loss reported
             assert is_tracked(manager, "j", timeout=PROMPT_S) is False

@@ -1,4 +1,4 @@
-"""Stops that race other stops, asks and busy ticks, and what a stopped manager says."""
+"""Stops that race other stops, asks and renewals, and what a stopped manager says."""
 
 from __future__ import annotations
 
@@ -28,7 +28,15 @@ from actors import (
     track_job,
     untrack_job,
 )
-from tests.support import INTERVAL_S, Inbox, LockTable, ManualTimers, start_manager
+from tests.support import (
+    INTERVAL_S,
+    Inbox,
+    LockTable,
+    ManualTimers,
+    settle,
+    start_manager,
+    wait_for,
+)
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -106,13 +114,10 @@ def test_after_stop_tells_warn_once_and_asks_say_stopped(
 
 def test_an_ask_racing_stop_is_answered(redis_client: redis.Redis) -> None:
     """An ask put after pykka's last pass over the mailbox is answered, never left waiting."""
-    before = set(threading.enumerate())
     manager = start_manager(redis_client, KEYS)
-    (actor_thread,) = [
-        thread
-        for thread in set(threading.enumerate()) - before
-        if thread.name.startswith("LockManager") and "timer" not in thread.name
-    ]
+    settle(manager)  # the manager's own thread has started
+    actor_thread = manager._manager.thread
+    assert actor_thread is not None
     holding, release = threading.Event(), threading.Event()
     outcome: list[object] = []
 
@@ -147,20 +152,28 @@ def test_an_ask_racing_stop_is_answered(redis_client: redis.Redis) -> None:
     assert len(outcome) == 1
 
 
-def test_a_stop_behind_a_busy_tick_tells_every_target_and_fails_every_ask() -> None:
-    # Given a manager busy with a tick, and a stop waiting behind it
+def test_a_stop_while_a_renewal_is_on_its_way_tells_every_target_and_fails_every_ask() -> None:
+    # Given a manager whose renewal is on its way (held by the server), and a
+    # job whose holder asked to be told of its lock's loss
     gated = LockTable(gated=True)
     manager = start_link(renewer=gated, keys=KEYS, timer=ManualTimers())
+    target = Inbox()
+    track_job(manager, "j", "t", notify=target)
     manager.tell(TrackJob("other", "t", ts=0))
     manager.tell(ExtendLocks())
     assert gated.entered.wait(WAIT_S)
-    manager.stop(block=False)
-    # when a job asks to be told of its lock's loss, and a query waits, behind the stop
-    target = Inbox()
-    track_job(manager, "j", "t", notify=target)
+    # (the manager waits for no renewal: it answers at once)
+    assert is_tracked(manager, "j", timeout=WAIT_S) is True
+    # when it is told to stop, and a query comes behind the stop
+    stopped = manager.stop(block=False)
     pending = manager.ask(IsTracked("j"), block=False)
-    gated.gate.set()
-    # then the stop tells the target nobody renews its lock, and fails the query as stopped
+    # then, the renewal still on its way, the stop fails the query as stopped
+    # and tells the target that nobody renews its lock
     with pytest.raises(ManagerStopped):
         pending.get(timeout=WAIT_S)
+    wait_for(lambda: target.got, WAIT_S, "the target to be told")
     assert target.got == [LockLost("j", "t", "manager_stopped")]
+    # and the stop is done once the renewal on its way has landed
+    gated.gate.set()
+    assert stopped.get(timeout=WAIT_S) is True
+    assert not manager.is_alive()

@@ -7,6 +7,7 @@ kind, logs it and the next tick runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -22,12 +23,11 @@ from actors import (
     get_stats,
     is_tracked,
     start_link,
-    stop,
     track_job,
     untrack_job,
 )
-from actors.timing import Timing
 from actors.renewer import BatchOutcome
+from actors.timing import Timing, default_safety_margin
 from tests.support import (
     INTERVAL_S,
     TTL,
@@ -58,7 +58,8 @@ class _OddRenewer:
     """Renews on the real server, but once answers with ``odd`` instead."""
 
     def __init__(self, client: redis.Redis, odd: Any) -> None:
-        self._inner = RedisRenewer(client, KEYS, TTL, TTL // 4)
+        timing = Timing(TTL)
+        self._inner = RedisRenewer(client, KEYS, timing, default_safety_margin(timing))
         self._odd = odd
         self.calls = 0
 
@@ -85,7 +86,8 @@ def bystander() -> Iterator[pykka.ActorRef[Any]]:
 TIMING = Timing(800)
 
 
-def test_a_timer_that_cannot_start_releases_everything(redis_client: redis.Redis) -> None:
+def test_a_timer_that_cannot_start_fails_the_start_and_releases_everything() -> None:
+    # Given a timer factory that fails (no thread can be started, say)
     closed = threading.Event()
 
     class Renewer:
@@ -98,10 +100,15 @@ def test_a_timer_that_cannot_start_releases_everything(redis_client: redis.Redis
     def broken_timer(fire: object, name: str) -> object:
         raise RuntimeError("no threads left")
 
-    manager = start_link(keys=KEYS, renewer=Renewer(), timer=broken_timer)  # type: ignore[arg-type]
-    wait_for(closed.is_set, 5, "the renewer's close")
-    stop(manager, timeout=5)
-    assert not manager.is_alive()
+    before = set(threading.enumerate())
+    # When a manager starts with it, then its start fails, in the caller's thread,
+    with pytest.raises(RuntimeError, match="no threads left"):
+        start_link(keys=KEYS, renewer=Renewer(), timer=broken_timer)  # type: ignore[arg-type]
+
+    # having closed the renewer, and left no thread and no actor behind
+    assert closed.is_set()
+    assert [t.name for t in set(threading.enumerate()) - before] == []
+    assert pykka.ActorRegistry.get_by_class_name("LockManager") == []
 
 
 def test_a_callback_raising_system_exit_stops_nothing(redis_client: redis.Redis) -> None:
@@ -196,15 +203,11 @@ def test_a_notify_target_raising_base_exception_stops_no_actor(
         "the loss of 'gone'",
         ignore=(pykka.ActorDeadError,),
     )
-    # The job is untracked before its target is told: give the tell time to
-    # land (two more ticks, or the manager's death).
-    seen = get_stats(manager).ticks if manager.is_alive() else 0
-    wait_for(
-        lambda: not manager.is_alive() or get_stats(manager).ticks >= seen + 2,
-        20 * INTERVAL_S,
-        "two more ticks",
-        ignore=(pykka.ActorDeadError,),
-    )
+    # The job is untracked before its target is told: a tick asked now is
+    # answered once every report before it was delivered (the tell landed),
+    # and only by a manager whose delivery thread still delivers.
+    with contextlib.suppress(pykka.ActorDeadError):
+        tick(manager, timeout=20 * INTERVAL_S)
     assert manager.is_alive(), "the manager was stopped"
     assert bystander.is_alive() and other.is_alive(), "unrelated actors were stopped"
     assert_still_renewing(manager, redis_client, KEYS, tokens)
@@ -213,12 +216,12 @@ def test_a_notify_target_raising_base_exception_stops_no_actor(
 def test_a_notify_target_may_untrack_a_renewed_job_during_the_tick(
     redis_client: redis.Redis,
 ) -> None:
-    """An untrack run inside the tick (by a notify target's tell) leaves every later tick whole.
+    """An untrack sent by a notify target's tell, told of a tick's loss, leaves every tick whole.
 
-    Lost jobs' targets are told before the renewed jobs are stamped. A target
-    that untracks one of those (``untrack_job(wait=True)`` on the manager's own
-    thread is answered at once) leaves the table whole: the next ticks run and
-    every other lock stays renewed.
+    The target is told on the manager's delivery thread once the tick's step
+    is done; its ``untrack_job(wait=True)`` of a job that tick renewed is
+    answered at once (the manager waits for nothing) and leaves the table
+    whole: the next ticks run and every other lock stays renewed.
     """
     tokens = take_locks(redis_client, KEYS, ["lost", "renewed"], TTL)
     manager: ManagerRef | None = None

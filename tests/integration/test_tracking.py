@@ -24,6 +24,7 @@ from tests.support import (
     Inbox,
     ManualClock,
     Recorder,
+    delivered,
     manual_timer,
     settle,
     start_manager,
@@ -128,6 +129,7 @@ def test_tracking_again_with_the_same_token_keeps_the_notify_target(
     settle(manager)
     redis_client.set(KEYS.lock("a"), "somebody-else")
     wait_for(lambda: not is_tracked(manager, "a"), 20 * INTERVAL_S, "the loss of 'a'")
+    delivered(manager)
     assert inbox.got == [LockLost("a", tokens["a"], "stolen")]
 
 

@@ -1,11 +1,12 @@
 """asyncio code awaits the manager without stopping its event loop.
 
-The manager is made busy with a real tick of 100,000 due jobs whose renewal
-call is held at a gate (an in-memory lock table through the ``renewer=``
-seam), for a fixed time. Meanwhile a ticker task measures how regularly the
-loop turns. Awaiting the queries of :mod:`actors.aio` leaves it turning;
-awaiting pykka's own future (whose ``__await__`` calls the blocking ``get``)
-stops it for the whole hold: that second case shows the measure can fail.
+The manager is made busy for a fixed time: its own thread is held in a
+reading of its clock (the ``clock=`` seam) as it begins a tick of 100,000 due
+jobs (renewed by an in-memory lock table, through the ``renewer=`` seam), so
+nothing it is asked meanwhile is answered. A ticker task measures how
+regularly the loop turns. Awaiting the queries of :mod:`actors.aio` leaves it
+turning; awaiting pykka's own future (whose ``__await__`` calls the blocking
+``get``) stops it for the whole hold: that second case shows the measure can fail.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ import actors
 from actors import ExtendLocks, GetStats, ManagerRef, ManagerStopped, QueueKeys, TrackJob, aio
 from tests.conftest import Server
 from tests.leases.tools import LOCK_MS
-from tests.support import LockTable, ManualTimers, take_locks
+from tests.support import HoldingClock, LockTable, ManualTimers, settle, take_locks
 
 KEYS = QueueKeys("aio")
 JOBS = 100_000
-#: How long the renewal call of the busy tick is held, in seconds.
+#: How long the manager's thread is held, in seconds.
 HOLD_S = 0.5
 #: The ticker's period, in seconds.
 PERIOD_S = 0.01
@@ -41,54 +42,59 @@ ANSWER_S = 5.0
 
 
 @pytest.fixture
-def table() -> LockTable:
-    return LockTable(gated=True)
+def clock() -> Iterator[HoldingClock]:
+    clock = HoldingClock()
+    yield clock
+    clock.release()
 
 
-def _busy(table: LockTable, jobs: int) -> ManagerRef:
-    """A manager in the middle of a tick of ``jobs`` due jobs, held at the gate."""
-    manager = actors.start_link(renewer=table, keys=KEYS, timer=ManualTimers())
+def _busy(clock: HoldingClock, jobs: int) -> ManagerRef:
+    """A manager beginning a tick of ``jobs`` due jobs, held until ``clock.release()``."""
+    table = LockTable()
+    manager = actors.start_link(renewer=table, keys=KEYS, clock=clock, timer=ManualTimers())
     for n in range(jobs):
         job_id = f"job-{n}"
         table.held[job_id] = "token"
         # Taken long ago: every job is due at the first tick.
         manager.tell(TrackJob(job_id, "token", ts=0))
+    settle(manager, timeout=60)
+    clock.hold(manager._manager.thread)
     manager.tell(ExtendLocks())
-    assert table.entered.wait(30), "the tick never reached the renewer"
+    clock.wait_held(ANSWER_S)
     return manager
 
 
 @pytest.fixture
-def busy(table: LockTable) -> Iterator[ManagerRef]:
+def busy(clock: HoldingClock) -> Iterator[ManagerRef]:
     """A manager busy with a tick of 100,000 jobs."""
-    manager = _busy(table, JOBS)
+    manager = _busy(clock, JOBS)
     yield manager
-    table.gate.set()
+    clock.release()
     actors.stop(manager)
 
 
 @pytest.fixture
-def busy_small(table: LockTable) -> Iterator[ManagerRef]:
+def busy_small(clock: HoldingClock) -> Iterator[ManagerRef]:
     """A manager busy with a tick of a few jobs: as busy, for as long."""
-    manager = _busy(table, 3)
+    manager = _busy(clock, 3)
     yield manager
-    table.gate.set()
+    clock.release()
     actors.stop(manager)
 
 
 def _ticking(
-    gate: threading.Event, wait: Callable[[], Awaitable[Any]]
+    release: Callable[[], None], wait: Callable[[], Awaitable[Any]]
 ) -> tuple[Any, list[float], float, float]:
-    """Run ``wait`` beside a ticker while the gate opens ``HOLD_S`` from now.
+    """Run ``wait`` beside a ticker while ``release`` is called ``HOLD_S`` from now.
 
-    Returns what ``wait`` returned, the ticker's gaps (seconds), when the gate
-    opened and when ``wait`` returned (monotonic seconds).
+    Returns what ``wait`` returned, the ticker's gaps (seconds), when the
+    manager was released and when ``wait`` returned (monotonic seconds).
     """
     opened: list[float] = []
 
     def open_gate() -> None:
         opened.append(time.monotonic())
-        gate.set()
+        release()
 
     async def main() -> tuple[Any, list[float], float]:
         gaps: list[float] = []
@@ -104,7 +110,7 @@ def _ticking(
 
         task = asyncio.ensure_future(ticker())
         await asyncio.sleep(0)
-        # A thread opens the gate: it must open even when the loop is stuck.
+        # A thread releases the manager: it must, even when the loop is stuck.
         threading.Timer(HOLD_S, open_gate).start()
         result = await wait()
         answered_at = time.monotonic()
@@ -117,7 +123,7 @@ def _ticking(
 
 
 def test_the_loop_keeps_turning_while_the_queries_wait_for_a_busy_manager(
-    busy: ManagerRef, table: LockTable
+    busy: ManagerRef, clock: HoldingClock
 ) -> None:
     # Given a manager busy with a tick of 100,000 jobs,
     # when a task awaits every query and an untrack while the tick goes on
@@ -133,12 +139,12 @@ def test_the_loop_keeps_turning_while_the_queries_wait_for_a_busy_manager(
             )
         )
 
-    result, gaps, opened_at, answered_at = _ticking(table.gate, queries)
+    result, gaps, opened_at, answered_at = _ticking(clock.release, queries)
 
-    # then they were answered only after the tick, with the state it left,
+    # then they were answered only once the manager was free, after the tick began,
     stats, count, ids, before, _, after = result
     assert answered_at >= opened_at
-    assert stats.last_batch == JOBS and stats.renewed == JOBS
+    assert stats.ticks == 1 and stats.tracked == JOBS
     assert count == JOBS and len(ids) == JOBS
     assert (before, after) == (True, False)
     # and the loop kept turning all along
@@ -147,16 +153,16 @@ def test_the_loop_keeps_turning_while_the_queries_wait_for_a_busy_manager(
 
 
 def test_awaiting_pykkas_own_future_stops_the_loop(
-    busy_small: ManagerRef, table: LockTable
+    busy_small: ManagerRef, clock: HoldingClock
 ) -> None:
     # Given a busy manager, when a task awaits pykka's future directly
     async def blocking() -> Any:
         return await busy_small.ask(GetStats(), block=False)
 
-    stats, gaps, opened_at, answered_at = _ticking(table.gate, blocking)
+    stats, gaps, opened_at, answered_at = _ticking(clock.release, blocking)
 
-    # then the loop stood still until the tick was over
-    assert stats.last_batch == 3
+    # then the loop stood still until the manager was free
+    assert (stats.ticks, stats.tracked) == (1, 3)
     assert answered_at >= opened_at
     assert max(gaps) >= 0.8 * HOLD_S
 
@@ -173,7 +179,9 @@ def test_a_timeout_raises_pykka_timeout(busy_small: ManagerRef) -> None:
     assert asyncio.run(main()) < HOLD_S
 
 
-def test_many_waiting_questions_wait_on_no_thread(busy_small: ManagerRef, table: LockTable) -> None:
+def test_many_waiting_questions_wait_on_no_thread(
+    busy_small: ManagerRef, clock: HoldingClock
+) -> None:
     before = set(threading.enumerate())
 
     async def main() -> tuple[list[int], int]:
@@ -181,7 +189,7 @@ def test_many_waiting_questions_wait_on_no_thread(busy_small: ManagerRef, table:
         asking = [asyncio.ensure_future(aio.get_active_job_count(busy_small)) for _ in range(200)]
         await asyncio.sleep(0)
         threads = len(set(threading.enumerate()) - before)
-        table.gate.set()
+        clock.release()
         return list(await asyncio.gather(*asking)), threads
 
     counts, threads = asyncio.run(main())
@@ -209,21 +217,17 @@ def test_an_answer_that_never_comes_holds_up_no_other_question(manager: ManagerR
 
 
 def test_a_question_left_in_a_stopping_managers_mailbox_gets_manager_stopped(
-    table: LockTable,
+    busy_small: ManagerRef, clock: HoldingClock
 ) -> None:
-    # Given a manager busy with a tick, told to stop after it,
-    manager = actors.start_link(renewer=table, keys=KEYS, timer=ManualTimers())
-    manager.tell(TrackJob("job-1", "token", ts=0))
-    manager.tell(ExtendLocks())
-    assert table.entered.wait(10)
-    manager.stop(block=False)
+    # Given a busy manager, told to stop once it is free,
+    busy_small.stop(block=False)
 
     async def main() -> None:
         # when a task asks it something that lands behind the stop
-        asking = asyncio.ensure_future(aio.get_stats(manager))
-        untracking = asyncio.ensure_future(aio.untrack_job(manager, "job-1"))
+        asking = asyncio.ensure_future(aio.get_stats(busy_small))
+        untracking = asyncio.ensure_future(aio.untrack_job(busy_small, "job-1"))
         await asyncio.sleep(0)
-        table.gate.set()
+        clock.release()
         # then the question gets the stopped manager's error, not a bare
         # ActorDeadError, and the untrack is simply done
         with pytest.raises(ManagerStopped, match="queue 'aio' is stopped"):

@@ -3,9 +3,10 @@
 The deadline is the send time of the last renewal the server confirmed (or
 the lock's taking) plus ``lock_duration`` minus the safety margin. Most tests
 drive the manager by hand (a manual clock and timer, an in-memory lock table
-that can be cut off), so each deadline is exact; the last two run on the real
-clock, with the manager stuck in a renewal call, to show that a waiting job
-is woken at the deadline by its own lease, whatever the manager is doing.
+that can be cut off), so each deadline is exact; two run on the real clock,
+with the renewal stuck in a call and the manager's own thread held (in a
+reading of its clock), to show that a waiting job is woken at the deadline
+by its own lease, whatever the manager is doing.
 """
 
 from __future__ import annotations
@@ -19,10 +20,29 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 import actors
-from actors import ExtendLocks, LockLost, LostLock, ManagerRef, QueueKeys, Timing, lease
-from actors.timing import default_safety_margin, monotonic_ms
+from actors import (
+    ExtendLocks,
+    GetStats,
+    LockLost,
+    LostLock,
+    ManagerRef,
+    QueueKeys,
+    Timing,
+    lease,
+)
 from actors.renewer import BatchOutcome
-from tests.support import Inbox, LockTable, ManualClock, ManualTimers, Recorder, settle, tick
+from actors.timing import default_safety_margin, monotonic_ms
+from tests.support import (
+    HoldingClock,
+    Inbox,
+    LockTable,
+    ManualClock,
+    ManualTimers,
+    Recorder,
+    delivered,
+    settle,
+    tick,
+)
 
 KEYS = QueueKeys("deadline")
 TIMING = Timing()
@@ -256,9 +276,11 @@ def test_the_loss_warning_logs_what_was_observed(
     assert "tick(s) failed since, the last with ConnectionError" in line
 
 
-# -- on the real clock: the manager is stuck in a call, the job is woken anyway --
+# -- on the real clock: the manager can tell nobody, the job is woken anyway --
 
 LOCK_MS = 800
+#: Most seconds the manager takes to read its clock once asked, on a loaded machine.
+PROMPT_S = 5.0
 
 
 class Stuck:
@@ -274,34 +296,52 @@ class Stuck:
         self.table.close()
 
 
-def test_wait_wakes_at_the_deadline_while_the_manager_is_stuck_in_a_call() -> None:
-    stuck = Stuck()
+def _stuck_manager() -> tuple[ManagerRef, Stuck, HoldingClock]:
+    """A manager on the real clock whose renewals never answer, and a clock to hold it by."""
+    stuck, clock = Stuck(), HoldingClock(source=monotonic_ms)
     stuck.table.held["j"] = "t"
-    manager = actors.start_link(renewer=stuck, keys=KEYS, lock_duration=LOCK_MS)
+    manager = actors.start_link(renewer=stuck, keys=KEYS, lock_duration=LOCK_MS, clock=clock)
+    settle(manager)
+    return manager, stuck, clock
+
+
+def _hold(manager: ManagerRef, clock: HoldingClock) -> None:
+    """Hold the manager's own thread: it handles nothing (no timer fire) until released."""
+    clock.hold(manager._manager.thread)
+    manager.ask(GetStats(), block=False)
+    clock.wait_held(PROMPT_S)
+
+
+def test_wait_wakes_at_the_deadline_while_the_manager_can_tell_nobody() -> None:
+    manager, stuck, clock = _stuck_manager()
     try:
         with lease(manager, "j", "t") as held:
             deadline = held.deadline
             assert deadline is not None
+            _hold(manager, clock)
             assert held.wait(timeout=10)
             woke = monotonic_ms()
-            stuck.close()  # the partition heals: the lease's exit can be answered
+            # The partition heals and the manager goes on: the lease's exit can be answered.
+            clock.release()
+            stuck.close()
             assert held.reason == "unconfirmed"
-            # Woken by its own timeout at the deadline: no tick could run.
+            # Woken by its own timeout at the deadline: the manager could tell it nothing.
             assert deadline <= woke < deadline + 50 + Timing(LOCK_MS).interval
     finally:
+        clock.release()
         stuck.close()
         actors.stop(manager)
 
 
-def test_wait_async_wakes_at_the_deadline_while_the_manager_is_stuck_in_a_call() -> None:
-    stuck = Stuck()
-    stuck.table.held["j"] = "t"
-    manager = actors.start_link(renewer=stuck, keys=KEYS, lock_duration=LOCK_MS)
+def test_wait_async_wakes_at_the_deadline_while_the_manager_can_tell_nobody() -> None:
+    manager, stuck, clock = _stuck_manager()
 
     async def job() -> tuple[int | None, int, bool]:
         async with lease(manager, "j", "t") as held:
+            _hold(manager, clock)
             lost = await held.wait_async(timeout=10)
             woke = monotonic_ms()
+            clock.release()
             stuck.close()
             return held.deadline, woke, lost
 
@@ -313,6 +353,7 @@ def test_wait_async_wakes_at_the_deadline_while_the_manager_is_stuck_in_a_call()
         assert deadline <= woke < deadline + 50 + Timing(LOCK_MS).interval
         assert time.monotonic() - started < 5
     finally:
+        clock.release()
         stuck.close()
         actors.stop(manager)
 
@@ -346,6 +387,6 @@ def test_every_watcher_of_a_lock_is_told_once_and_the_plain_claim_ends_too(
     assert [(lost.job_id, lost.reason) for lost in reports.lost()] == [("j", "unconfirmed")]
     # Tracked again with the same token, the lost lock is neither renewed nor told again.
     actors.track_job(manager, "j", "t", notify=first)
-    settle(manager)
+    delivered(manager)
     assert first.got == [LockLost("j", "t", "unconfirmed")]
     assert actors.get_tracked_job_ids(manager) == []

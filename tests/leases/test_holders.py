@@ -31,6 +31,7 @@ from actors import (
 from tests.support import (
     Inbox,
     Recorder,
+    delivered,
     settle,
     start_manager,
     steal,
@@ -89,6 +90,7 @@ def test_leaving_a_lease_keeps_a_job_actors_watch(engine_client: redis.Redis) ->
     # then the actor, still watching, is told once
     wait_for(lambda: actor.got, LEARN_S, "the actor to hear of the theft")
     wait_ticks(manager, 2, timeout=LEARN_S)
+    delivered(manager)
     assert actor.got == [LockLost("j2", tokens["j2"], "stolen")]
 
 
@@ -165,6 +167,7 @@ def test_a_lost_lock_tracked_again_is_told_and_reported_once(engine_client: redi
         track_job(manager, "j1", tokens["j1"])
     track_job(manager, "j1", tokens["j1"], notify=latecomer)
     wait_ticks(manager, 3, timeout=LEARN_S)
+    delivered(manager)
     # then the actor was told once, the callback reported it once, and it is not renewed
     lost = LockLost("j1", tokens["j1"], "stolen")
     assert actor.got == [lost]
@@ -194,6 +197,7 @@ def test_a_target_that_tracks_again_in_its_tell_is_told_once(
     engine_client.delete(KEYS.lock("j1"))
     wait_for(lambda: target.got, LEARN_S, "the target to hear of the expiry")
     wait_ticks(manager, 4, timeout=LEARN_S)
+    delivered(manager)
     # then it was told once, not at every tick
     assert target.got == [LockLost("j1", tokens["j1"], "expired")]
 

@@ -28,6 +28,7 @@ import redis
 import actors
 from actors import LockLost, ManagerRef, QueueKeys, RedisRenewer
 from actors.messages import Reason
+from actors.timing import default_safety_margin
 from tests.conftest import Server
 from tests.leases.tools import LOCK_MS, MARGIN_MS, TIMING, CountingLease, Noting
 from tests.support import Recorder, new_token, take_locks, wait_for
@@ -58,7 +59,7 @@ class Run:
 
 @pytest.fixture
 def setup(engine_server: Server, engine_client: redis.Redis) -> Iterator[Setup]:
-    renewer = Noting(RedisRenewer(engine_server.url, KEYS, LOCK_MS, TIMING.interval))
+    renewer = Noting(RedisRenewer(engine_server.url, KEYS, TIMING, default_safety_margin(TIMING)))
     recorder = Recorder()
     manager = actors.start_link(
         renewer=renewer, keys=KEYS, lock_duration=LOCK_MS, **recorder.callbacks()

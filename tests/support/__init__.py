@@ -11,7 +11,7 @@ Each name is documented where it is defined:
 - the server (:mod:`tests.support.server`): :class:`Server`,
   :func:`command_calls`, :func:`evalsha_calls`;
 - driving a manager by hand (:mod:`tests.support.manual`): :class:`ManualClock`,
-  :func:`manual_timer`, :func:`tick`, :func:`settle`, :func:`unchecked`;
+  :func:`manual_timer`, :func:`tick`, :func:`settle`, :func:`delivered`, :func:`unchecked`;
 - fakes for the manager's seams (:mod:`tests.support.fakes`): :class:`LockTable`,
   :class:`Inbox`, :class:`FlakyClock`, :class:`HoldingClock`;
 - short locks (:mod:`tests.support.short_locks`): :data:`TTL`, :func:`start_manager`,
@@ -41,6 +41,7 @@ from tests.support.locks import (
 from tests.support.manual import (
     ManualClock,
     ManualTimers,
+    delivered,
     manual_timer,
     settle,
     tick,
@@ -77,6 +78,7 @@ __all__ = [
     "assert_still_renewing",
     "command_calls",
     "default_engine",
+    "delivered",
     "engines",
     "evalsha_calls",
     "job_ids",

@@ -19,7 +19,7 @@ from actors.renewer import BatchOutcome, ChunkError
 from tests.support.manual import ManualClock
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
 __all__ = ["FlakyClock", "HoldingClock", "Inbox", "LockTable"]
 
@@ -126,10 +126,16 @@ class HoldingClock(ManualClock):
         >>> clock.wait_held(timeout=5)
         >>> ...                                            # queue what the test needs
         >>> clock.release()
+
+    Args:
+        now: The starting time, in milliseconds.
+        source: Read for the time instead of :attr:`now`, when given
+            (``actors.timing.monotonic_ms``: the real clock, with a hold).
     """
 
-    def __init__(self, now: int = 1_000_000) -> None:
+    def __init__(self, now: int = 1_000_000, *, source: Callable[[], int] | None = None) -> None:
         super().__init__(now)
+        self._source = source
         self._thread: threading.Thread | None = None
         self._held = threading.Event()
         self._released = threading.Event()
@@ -159,4 +165,4 @@ class HoldingClock(ManualClock):
             self._thread = None
             self._held.set()
             self._released.wait(HOLD_TIMEOUT)
-        return self.now
+        return self.now if self._source is None else self._source()

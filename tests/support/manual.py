@@ -26,7 +26,15 @@ if TYPE_CHECKING:
 
     from actors import ManagerRef
 
-__all__ = ["ManualClock", "ManualTimers", "manual_timer", "settle", "tick", "unchecked"]
+__all__ = [
+    "ManualClock",
+    "ManualTimers",
+    "delivered",
+    "manual_timer",
+    "settle",
+    "tick",
+    "unchecked",
+]
 
 M = TypeVar("M")
 
@@ -106,6 +114,9 @@ def tick(
 ) -> None:
     """Run one tick of ``manager`` and return once it has finished.
 
+    Finished: its renewal has landed and its report was delivered (the
+    callbacks ran, the targets were told), and so was every report before it.
+
     Args:
         manager: The manager.
         scheduled: The grid time of a timer tick (``timers.deadline``); ``None``
@@ -119,9 +130,22 @@ def settle(manager: ManagerRef, *, timeout: float = ASK_TIMEOUT) -> None:
     """Return once ``manager`` has handled every message sent to it so far.
 
     ``track_job`` returns before the manager has tracked the job; a query
-    waits behind it in the same mailbox.
+    waits behind it in the same mailbox. What those messages decided may
+    still be on its way to the callbacks and targets: see :func:`delivered`.
     """
     get_active_job_count(manager, timeout=timeout)
+
+
+def delivered(manager: ManagerRef, *, timeout: float = ASK_TIMEOUT) -> None:
+    """Return once every report ``manager`` decided so far was delivered.
+
+    Callbacks and ``notify`` targets run on the manager's delivery thread,
+    after the step that decided them, in order: :func:`settle` returns before
+    they may have run. An asked tick is answered only once its own report was
+    delivered, and so every report before it: this is :func:`tick`, a "renew
+    now" (which renews what is due, if anything), used for what it waits for.
+    """
+    tick(manager, timeout=timeout)
 
 
 def unchecked(kind: type[M], **fields: Any) -> M:

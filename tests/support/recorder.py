@@ -29,8 +29,10 @@ class Callbacks(TypedDict):
 class Recorder:
     """Records ``on_locks_renewed``, ``on_lock_renewal_failed`` and ``on_error`` calls.
 
-    The manager calls them on its own thread; the test reads them from its
-    thread. Each call is kept with the monotonic time (in seconds,
+    The manager calls them on its delivery thread, once the step that
+    decided them is done (a test that looks right after a ``settle`` waits
+    for them: :meth:`wait`, or :func:`~tests.support.manual.delivered`); the
+    test reads them from its thread. Each call is kept with the monotonic time (in seconds,
     ``time.monotonic()``) it was made at, so a test can ask what happened
     after a moment, and :meth:`wait` wakes as soon as a call changes the answer.
 
