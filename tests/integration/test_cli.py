@@ -327,12 +327,18 @@ class Watching:
 
     HEADER = re.compile(r"^\d\d:\d\d:\d\d  every ")
 
-    def __init__(self, url: str, queue_name: str, every: float = 0.2) -> None:
+    def __init__(
+        self, url: str, queue_name: str, every: float = 0.2, *, sigint_ignored: bool = False
+    ) -> None:
+        # A shell's background job, nohup and some CI runners start programs
+        # with SIGINT ignored; Python then installs no KeyboardInterrupt.
+        ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
         self.process = subprocess.Popen(
             [*CLI, "locks", "--url", url, "--queue", queue_name, "--watch", f"{every:g}"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=ignore,  # noqa: PLW1509 (no threads run the child's setup)
         )
         self.lines: queue.Queue[tuple[float, str]] = queue.Queue()
         self.seen: list[str] = []
@@ -374,10 +380,18 @@ class Watching:
                 frames[-1][1].append(got[1])
         return [(arrived, table("".join(lines))) for arrived, lines in frames[:count]]
 
-    def interrupt(self) -> tuple[int, str]:
-        """Press Ctrl-C; return the exit status and what went to stderr."""
-        self.process.send_signal(signal.SIGINT)
-        returncode = self.process.wait(timeout=30)
+    def interrupt(self, signum: int = signal.SIGINT) -> tuple[int, str]:
+        """Press Ctrl-C (or send ``signum``); return the exit status and what went to stderr.
+
+        A watch that does not end within 10 s is killed, so it never outlives its test.
+        """
+        self.process.send_signal(signum)
+        try:
+            returncode = self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            returncode = -1
         self.reader.join(timeout=30)
         assert self.process.stdout is not None
         assert self.process.stderr is not None
@@ -409,6 +423,28 @@ def test_watch_refreshes_shows_renewals_and_stops_cleanly_on_ctrl_c(
         returncode, err = watching.interrupt()
 
     # Then the watch ends with status 0 and no traceback
+    assert returncode == 0, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("signum", "sigint_ignored"),
+    [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGTERM, True)],
+    ids=["ctrl-c-while-sigint-ignored", "sigterm", "sigterm-while-sigint-ignored"],
+)
+def test_watch_ends_on_ctrl_c_or_sigterm_whatever_the_signal_disposition(
+    server: Server, redis_client: redis.Redis, signum: int, sigint_ignored: bool
+) -> None:
+    # Given a watch started as a background job (SIGINT ignored) or a service (SIGTERM)
+    hold(redis_client, KEYS, "job-1", ttl_ms=10000)
+    watching = Watching(server.url, "orders", sigint_ignored=sigint_ignored)
+    try:
+        watching.wait_for_line(r"^job-1\s")
+    finally:
+        # When it is sent the signal
+        returncode, err = watching.interrupt(signum)
+
+    # Then it ends at once with status 0 and no traceback (a hung watch is killed: -1)
     assert returncode == 0, err
     assert "Traceback" not in err
 
