@@ -11,18 +11,24 @@ clocks and timers) live in :mod:`tests.support`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pykka
 import pytest
 from hypothesis import settings
 
+from actors import start_link, stop
 from tests.support.server import Server, Servers, default_engine, engines
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     import redis
+
+    from actors import ManagerRef
+
+    #: What the ``start_manager`` fixture gives: ``start_link`` with its keywords.
+    StartManager = Callable[..., ManagerRef]
 
 __all__ = ["Server"]
 
@@ -77,3 +83,21 @@ def engine_client(engine_server: Server) -> Iterator[redis.Redis]:
 def _stop_all_actors() -> Iterator[None]:
     yield
     pykka.ActorRegistry.stop_all()
+
+
+@pytest.fixture
+def start_manager() -> Iterator[StartManager]:
+    """``start_link`` with its keywords; every manager it started is stopped when the test ends.
+
+    The one way a test starts a manager it does not mean to stop itself.
+    """
+    started: list[ManagerRef] = []
+
+    def start(**options: Any) -> ManagerRef:
+        ref = start_link(**options)
+        started.append(ref)
+        return ref
+
+    yield start
+    for ref in reversed(started):
+        stop(ref)

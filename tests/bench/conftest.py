@@ -47,7 +47,7 @@ class BenchServer:
 
 
 @dataclass
-class Target:
+class Goal:
     """One performance target and what the run measured for it."""
 
     name: str
@@ -62,7 +62,7 @@ class Report:
 
     engine: str
     sections: list[str] = field(default_factory=list)
-    targets: list[Target] = field(default_factory=list)
+    targets: list[Goal] = field(default_factory=list)
 
     def section(self, text: str) -> None:
         self.sections.append(text.rstrip() + "\n")
@@ -71,7 +71,7 @@ class Report:
         passed = measured <= limit if at_most else measured >= limit
         sign = "≤" if at_most else "≥"
         self.targets.append(
-            Target(
+            Goal(
                 name, f"{measured:,.3g} {unit}".strip(), f"{sign} {limit:g} {unit}".strip(), passed
             )
         )

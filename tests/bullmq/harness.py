@@ -75,7 +75,7 @@ class Event:
     args: tuple[Any, ...]
 
 
-class Recorder:
+class WorkerEvents:
     """Records a worker's events as they are emitted, for any thread to wait on."""
 
     def __init__(self) -> None:
@@ -122,7 +122,7 @@ class RunningWorker:
     worker: Any
     loop: LoopThread
     task: asyncio.Future[Any]
-    events: Recorder
+    events: WorkerEvents
     lock_manager: ActorLockManager | None
 
     def busy(self) -> bool:
@@ -318,7 +318,7 @@ class Bench:
         manager's, when it is not to be built from the worker's.
         """
         loop = LoopThread(f"bullmq-{name}")
-        events = Recorder()
+        events = WorkerEvents()
 
         async def start() -> tuple[Any, asyncio.Future[Any], ActorLockManager | None]:
             options = {"connection": self.url, "prefix": PREFIX, **opts, "autorun": False}

@@ -10,7 +10,7 @@ import pytest
 from bullmq import Worker
 
 from actors.bullmq import ActorLockManager, use_actor_lock_manager
-from tests.bullmq.harness import PREFIX, Bench, LoopThread, Recorder, wait_until
+from tests.bullmq.harness import PREFIX, Bench, LoopThread, WorkerEvents, wait_until
 from tests.conftest import Server
 
 #: BullMQ's ``lockDuration``, in milliseconds.
@@ -27,7 +27,7 @@ def evalsha_calls(bench: Bench) -> int:
 @pytest.mark.both_engines
 def test_close_stops_renewal_and_leaves_no_thread(bench: Bench) -> None:
     loop = LoopThread("bullmq-close")
-    events = Recorder()
+    events = WorkerEvents()
     try:
 
         async def create() -> tuple[Any, ActorLockManager]:

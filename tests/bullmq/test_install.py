@@ -13,8 +13,8 @@ import redis
 import redis.asyncio
 from bullmq import Worker
 
-from actors.bullmq import ActorLockManager, use_actor_lock_manager
 from actors import Timing
+from actors.bullmq import ActorLockManager, use_actor_lock_manager
 from actors.connection import command_timeout, socket_timeout
 from tests.bullmq.harness import PREFIX
 

@@ -27,7 +27,7 @@ from tests.bullmq.harness import (
     Bench,
     Event,
     LoopThread,
-    Recorder,
+    WorkerEvents,
     wait_until,
 )
 
@@ -145,7 +145,7 @@ def test_a_report_about_a_lock_the_worker_let_go_is_dropped(bench: Bench, meanwh
     # run's signal said so at once (its lock was lost while it ran); no event
     # is emitted, and a new run's signal is not touched.
     loop = LoopThread("bullmq-reports")
-    events = Recorder()
+    events = WorkerEvents()
     try:
 
         async def scenario() -> tuple[bool, bool, list[str]]:

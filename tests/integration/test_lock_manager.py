@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
@@ -50,6 +50,9 @@ from tests.support import (
     watch_locks,
 )
 
+if TYPE_CHECKING:
+    from tests.conftest import StartManager
+
 pytestmark = pytest.mark.both_engines
 
 KEYS = QueueKeys("q")
@@ -64,10 +67,12 @@ def recorder() -> Recorder:
 
 
 @pytest.fixture
-def manager(engine_client: redis.Redis, recorder: Recorder) -> Iterator[ManagerRef]:
-    ref = start_link(connection=engine_client, keys=KEYS, lock_duration=TTL, **recorder.callbacks())
-    yield ref
-    stop(ref)
+def manager(
+    engine_client: redis.Redis, recorder: Recorder, start_manager: StartManager
+) -> ManagerRef:
+    return start_manager(
+        connection=engine_client, keys=KEYS, lock_duration=TTL, **recorder.callbacks()
+    )
 
 
 def start_manual(

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -50,7 +50,7 @@ from tests.support import (
 )
 
 if TYPE_CHECKING:
-    from tests.conftest import Server
+    from tests.conftest import Server, StartManager
 
 LOCK_DURATION = 30000
 #: Age after which a job is due, in ms: lock_renew_time // 2 with the default renew time.
@@ -79,9 +79,6 @@ def dead_client() -> redis.Redis:
     )
 
 
-StartManager = Callable[..., ManagerRef]
-
-
 @pytest.fixture
 def timers() -> ManualTimers:
     """The timers of the managers ``start_manual`` starts: they never fire."""
@@ -89,13 +86,13 @@ def timers() -> ManualTimers:
 
 
 @pytest.fixture
-def start_manual(timers: ManualTimers) -> StartManager:
+def start_manual(timers: ManualTimers, start_manager: StartManager) -> StartManager:
     """Start managers on a test-driven clock whose ticks the test sends."""
 
     def start(
         connection: redis.Redis | str, keys: QueueKeys, clock: ManualClock, **options: Any
     ) -> ManagerRef:
-        return start_link(
+        return start_manager(
             connection=connection,
             keys=keys,
             lock_duration=LOCK_DURATION,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from actors import ManagerRef, QueueKeys, start_link, stop
+from actors import ManagerRef, QueueKeys
 from tests.interop.peers import (
     LOCK_MS,
     NODE_DIR,
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     import redis
 
-    from tests.conftest import Server
+    from tests.conftest import Server, StartManager
 
 #: Longest time ``npm install`` may take, in seconds.
 NPM_INSTALL_TIMEOUT_S = 300
@@ -155,14 +155,9 @@ def peer(request: pytest.FixtureRequest) -> Peer:
 
 @pytest.fixture
 def manager(
-    engine_server: Server, engine_client: redis.Redis, keys: QueueKeys
-) -> Iterator[ManagerRef]:
+    engine_server: Server, engine_client: redis.Redis, keys: QueueKeys, start_manager: StartManager
+) -> ManagerRef:
     """Our lock manager on the same queue, with BullMQ's lock duration."""
-    ref = start_link(
-        connection=engine_server.url,
-        keys=keys,
-        lock_duration=LOCK_MS,
-        lock_renew_time=RENEW_MS,
+    return start_manager(
+        connection=engine_server.url, keys=keys, lock_duration=LOCK_MS, lock_renew_time=RENEW_MS
     )
-    yield ref
-    stop(ref)

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pykka
 import pytest
@@ -27,6 +27,9 @@ from actors import ExtendLocks, GetStats, ManagerRef, ManagerStopped, QueueKeys,
 from tests.conftest import Server
 from tests.leases.tools import LOCK_MS
 from tests.support import HoldingClock, LockTable, ManualTimers, settle, take_locks
+
+if TYPE_CHECKING:
+    from tests.conftest import StartManager
 
 KEYS = QueueKeys("aio")
 JOBS = 100_000
@@ -238,10 +241,8 @@ def test_a_question_left_in_a_stopping_managers_mailbox_gets_manager_stopped(
 
 
 @pytest.fixture
-def manager(server: Server, redis_client: redis.Redis) -> Iterator[ManagerRef]:
-    manager = actors.start_link(connection=server.url, keys=KEYS, lock_duration=LOCK_MS)
-    yield manager
-    actors.stop(manager)
+def manager(server: Server, redis_client: redis.Redis, start_manager: StartManager) -> ManagerRef:
+    return start_manager(connection=server.url, keys=KEYS, lock_duration=LOCK_MS)
 
 
 def test_the_queries_answer_as_the_helpers_do(

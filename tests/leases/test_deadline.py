@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -43,6 +44,9 @@ from tests.support import (
     settle,
     tick,
 )
+
+if TYPE_CHECKING:
+    from tests.conftest import StartManager
 
 KEYS = QueueKeys("deadline")
 TIMING = Timing()
@@ -100,13 +104,13 @@ def reports() -> Recorder:
 
 @pytest.fixture
 def manager(
-    link: Link, clock: ManualClock, timers: ManualTimers, reports: Recorder
-) -> Iterator[ManagerRef]:
-    manager = actors.start_link(
-        renewer=link, keys=KEYS, clock=clock, timer=timers, **reports.callbacks()
-    )
-    yield manager
-    actors.stop(manager)
+    link: Link,
+    clock: ManualClock,
+    timers: ManualTimers,
+    reports: Recorder,
+    start_manager: StartManager,
+) -> ManagerRef:
+    return start_manager(renewer=link, keys=KEYS, clock=clock, timer=timers, **reports.callbacks())
 
 
 def _grid_tick(manager: ManagerRef, clock: ManualClock, timers: ManualTimers) -> int:

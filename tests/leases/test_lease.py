@@ -11,8 +11,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -21,6 +20,9 @@ from actors import ExtendLocks, Lease, LockLost, ManagerRef, QueueKeys, TrackJob
 from actors.lock_manager import STOP_RENEWAL_S
 from tests.leases.tools import CountingLease
 from tests.support import LockTable, ManualClock, ManualTimers, settle, tick
+
+if TYPE_CHECKING:
+    from tests.conftest import StartManager
 
 KEYS = QueueKeys("lease")
 THRESHOLD_MS = actors.Timing().threshold
@@ -37,10 +39,8 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def manager(table: LockTable, clock: ManualClock) -> Iterator[ManagerRef]:
-    manager = actors.start_link(renewer=table, keys=KEYS, clock=clock, timer=ManualTimers())
-    yield manager
-    actors.stop(manager)
+def manager(table: LockTable, clock: ManualClock, start_manager: StartManager) -> ManagerRef:
+    return start_manager(renewer=table, keys=KEYS, clock=clock, timer=ManualTimers())
 
 
 def _due_tick(manager: ManagerRef, clock: ManualClock) -> None:

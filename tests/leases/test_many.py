@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
@@ -23,6 +23,9 @@ from tests.conftest import Server
 from tests.leases.tools import LOCK_MS, MARGIN_MS, TIMING, CountingLease
 from tests.support import Recorder, new_token, take_locks, wait_for
 
+if TYPE_CHECKING:
+    from tests.conftest import StartManager
+
 KEYS = QueueKeys("many")
 JOBS = 1000
 STOLEN = JOBS // 100
@@ -30,14 +33,15 @@ BUDGET_S = 4 * LOCK_MS / 1000
 
 
 @pytest.fixture
-def manager(engine_server: Server, engine_client: redis.Redis) -> Iterator[ManagerRef]:
+def manager(
+    engine_server: Server, engine_client: redis.Redis, start_manager: StartManager
+) -> ManagerRef:
     recorder = Recorder()
-    manager = actors.start_link(
+    manager = start_manager(
         connection=engine_server.url, keys=KEYS, lock_duration=LOCK_MS, **recorder.callbacks()
     )
     manager.recorder = recorder  # type: ignore[attr-defined]
-    yield manager
-    actors.stop(manager)
+    return manager
 
 
 def test_exactly_the_stolen_leases_learn_it_once(

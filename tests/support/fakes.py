@@ -2,6 +2,7 @@
 
 - :class:`LockTable`: the server's lock keys in memory, as ``start_link(renewer=...)``;
 - :class:`Inbox`: a ``notify`` target (a job actor, say) that keeps what it is told;
+- :class:`Silent`: a ``notify`` target that drops what it is told;
 - :class:`FlakyClock`: a :class:`~tests.support.manual.ManualClock` whose next reading may raise;
 - :class:`HoldingClock`: a :class:`~tests.support.manual.ManualClock` that can hold the
   manager's own thread in a reading, while the test lays out its mailbox.
@@ -21,7 +22,7 @@ from tests.support.manual import ManualClock
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-__all__ = ["FlakyClock", "HoldingClock", "Inbox", "LockTable"]
+__all__ = ["FlakyClock", "HoldingClock", "Inbox", "LockTable", "Silent"]
 
 #: Most seconds a held reading waits for its release: only a broken test waits that long.
 HOLD_TIMEOUT = 30.0
@@ -166,3 +167,10 @@ class HoldingClock(ManualClock):
             self._held.set()
             self._released.wait(HOLD_TIMEOUT)
         return self.now if self._source is None else self._source()
+
+
+class Silent:
+    """A ``notify`` target that drops what it is told: where only its presence matters."""
+
+    def tell(self, message: object) -> None:
+        """Drop the message."""

@@ -5,8 +5,7 @@ Nothing reaches Redis: the manager is started on a URL nobody listens on.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pykka
 import pytest
@@ -14,15 +13,16 @@ import pytest
 from actors import ManagerRef, QueueKeys, is_tracked, start_link, stop, track_job, untrack_job
 from actors.timing import MAX_DURATION_MS, MAX_TEXT_BYTES
 
+if TYPE_CHECKING:
+    from tests.conftest import StartManager
+
 # Nothing listens here: these tests must fail before any command is sent.
 UNUSED_URL = "redis://127.0.0.1:1/0"
 
 
 @pytest.fixture
-def manager() -> Iterator[ManagerRef]:
-    ref = start_link(connection=UNUSED_URL, keys=QueueKeys("q"))
-    yield ref
-    stop(ref)
+def manager(start_manager: StartManager) -> ManagerRef:
+    return start_manager(connection=UNUSED_URL, keys=QueueKeys("q"))
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.jobs import Claim, Ended, JobTable, LostLocks, Validity
+from tests.support.fakes import Silent
 
 THRESHOLD = 100
 LOCK = 30_000
@@ -15,13 +16,6 @@ MARGIN = 1000
 def table(lock_duration: int = LOCK) -> JobTable:
     """An empty table for locks of ``lock_duration`` ms, watched with :data:`MARGIN`."""
     return JobTable(lock_duration, MARGIN)
-
-
-class Target:
-    """A ``notify`` target: only its ``tell`` matters here."""
-
-    def tell(self, message: object) -> None:
-        """Accept the message."""
 
 
 def table_with_renewed(count: int, at: int) -> JobTable:
@@ -68,7 +62,7 @@ def test_a_fresh_job_not_yet_due_is_not_in_the_batch() -> None:
 
 def test_a_watched_fresh_job_checked_every_tick_goes_first() -> None:
     jobs = table_with_renewed(3, at=1000)
-    jobs.track("watched", "t", 1150, notify=Target())
+    jobs.track("watched", "t", 1150, notify=Silent())
 
     due, _ = jobs.due(1200, THRESHOLD)
 
@@ -146,7 +140,7 @@ def test_every_due_job_and_only_those_with_the_unrenewed_first(
 
 
 def test_each_target_of_a_lock_is_kept_once_in_the_order_it_asked() -> None:
-    a, b = Target(), Target()
+    a, b = Silent(), Silent()
     jobs = table()
     jobs.track("j", "t", 0, notify=a)
     jobs.track("j", "t", 10, notify=b)
@@ -163,7 +157,7 @@ def test_each_target_of_a_lock_is_kept_once_in_the_order_it_asked() -> None:
 
 
 def test_each_holder_adds_its_own_claim_and_the_same_holder_again_adds_none() -> None:
-    a = Target()
+    a = Silent()
     jobs = table()
     jobs.track("j", "t", 0)
     jobs.track("j", "t", 5)  # a progress hook: the same plain claim
@@ -175,7 +169,7 @@ def test_each_holder_adds_its_own_claim_and_the_same_holder_again_adds_none() ->
 
 
 def test_a_lock_is_over_its_hold_limit_from_the_first_claims_hold_end_on() -> None:
-    a = Target()
+    a = Silent()
     jobs = table()
     jobs.track("j", "t", 0)
     jobs.track("j", "t", 0, notify=a, max_hold=100)
@@ -185,7 +179,7 @@ def test_a_lock_is_over_its_hold_limit_from_the_first_claims_hold_end_on() -> No
 
 
 def test_ending_some_claims_keeps_the_lock_while_one_is_left() -> None:
-    a, b = Target(), Target()
+    a, b = Silent(), Silent()
     jobs = table()
     jobs.track("j", "t", 0)
     jobs.track("j", "t", 0, notify=a, max_hold=100)
@@ -202,7 +196,7 @@ def test_ending_some_claims_keeps_the_lock_while_one_is_left() -> None:
 
 
 def test_an_untrack_naming_a_target_ends_its_claim_alone() -> None:
-    a, b = Target(), Target()
+    a, b = Silent(), Silent()
     jobs = table()
     jobs.track("j", "t", 0)
     jobs.track("j", "t", 0, notify=a, keep=True)
@@ -215,7 +209,7 @@ def test_an_untrack_naming_a_target_ends_its_claim_alone() -> None:
 
 
 def test_an_untrack_without_a_target_leaves_the_kept_claims() -> None:
-    a, b = Target(), Target()
+    a, b = Silent(), Silent()
     jobs = table()
     jobs.track("j", "t", 0)
     jobs.track("j", "t", 0, notify=a, keep=True)
@@ -230,7 +224,7 @@ def test_an_untrack_without_a_target_leaves_the_kept_claims() -> None:
 
 
 def test_a_new_token_hands_back_every_target_of_the_old_lock() -> None:
-    a, b, c = Target(), Target(), Target()
+    a, b, c = Silent(), Silent(), Silent()
     jobs = table()
     jobs.track("j", "old", 0, notify=a)
     jobs.track("j", "old", 0, notify=b)
@@ -243,7 +237,7 @@ def test_a_new_token_hands_back_every_target_of_the_old_lock() -> None:
 
 
 def test_a_new_token_without_a_target_leaves_no_watch() -> None:
-    a, b = Target(), Target()
+    a, b = Silent(), Silent()
     jobs = table()
     jobs.track("j", "old", 0, notify=a)
     jobs.track("j", "old", 0, notify=b)
@@ -253,7 +247,7 @@ def test_a_new_token_without_a_target_leaves_no_watch() -> None:
 
 
 def test_each_claim_keeps_its_own_hold_deadline() -> None:
-    a, b = Target(), Target()
+    a, b = Silent(), Silent()
     jobs = table()
     jobs.track("j", "t", 0, notify=a, max_hold=100)
     jobs.track("j", "t", 60, notify=b, max_hold=100)
@@ -267,7 +261,7 @@ def test_each_claim_keeps_its_own_hold_deadline() -> None:
 
 
 def test_a_lost_lock_hands_back_every_claim() -> None:
-    a, b = Target(), Target()
+    a, b = Silent(), Silent()
     jobs = table()
     jobs.track("j", "t", 0, notify=a)
     jobs.track("j", "t", 0, notify=b, keep=True)
@@ -292,7 +286,7 @@ def test_the_lost_locks_remembered_are_bounded_the_least_recent_forgotten_first(
 
 
 def test_a_lost_lock_remembers_each_target_told_once_and_its_first_reason() -> None:
-    a, b = Target(), Target()
+    a, b = Silent(), Silent()
     lost = LostLocks()
     lost.add("j", "t", None, (a,))  # a's claim ended, the lock lived on
     lost.add("j", "t", "expired", (None, a))
@@ -300,7 +294,7 @@ def test_a_lost_lock_remembers_each_target_told_once_and_its_first_reason() -> N
 
     assert lost.get("j", "t") == ("expired", (a, None, b))
     assert lost.was_told("j", "t", a) and lost.was_told("j", "t", None)
-    assert not lost.was_told("j", "t", Target())
+    assert not lost.was_told("j", "t", Silent())
     assert not lost.was_told("j", "other", a)
 
 
@@ -323,7 +317,7 @@ def test_the_earliest_deadline_is_always_that_of_a_watched_lock(
 ) -> None:
     # A stale earliest deadline arms the manager's timer for a fire nobody needs.
     jobs = JobTable(lock_duration=100, safety_margin=10)
-    targets = [Target(), Target()]
+    targets = [Silent(), Silent()]
     now = 0
     for kind, job_id, token, target, step, margin in steps:
         now += step
@@ -347,8 +341,8 @@ def test_the_earliest_deadline_is_always_that_of_a_watched_lock(
 
 def test_a_watched_lock_is_trusted_lock_duration_minus_its_margin_after_its_taking() -> None:
     jobs = table()
-    jobs.track("j", "t", 500, notify=Target())
-    jobs.track("careful", "t", 500, notify=Target(), margin=5000)
+    jobs.track("j", "t", 500, notify=Silent())
+    jobs.track("careful", "t", 500, notify=Silent(), margin=5000)
 
     assert jobs.valid["j"].deadline == 500 + LOCK - MARGIN
     assert jobs.valid["careful"].deadline == 500 + LOCK - 5000
@@ -357,8 +351,8 @@ def test_a_watched_lock_is_trusted_lock_duration_minus_its_margin_after_its_taki
 
 def test_the_most_careful_watchers_margin_sets_the_locks_deadline() -> None:
     jobs = table()
-    jobs.track("j", "t", 0, notify=Target(), margin=200)
-    careful = Target()
+    jobs.track("j", "t", 0, notify=Silent(), margin=200)
+    careful = Silent()
     jobs.track("j", "t", 0, notify=careful, margin=4000)
 
     assert jobs.valid["j"].deadline == LOCK - 4000
@@ -369,8 +363,8 @@ def test_the_most_careful_watchers_margin_sets_the_locks_deadline() -> None:
 
 def test_a_confirmed_renewal_moves_the_deadline_and_a_passed_deadline_is_said() -> None:
     jobs = table()
-    jobs.track("j", "t", 0, notify=Target())
-    jobs.track("k", "t", 0, notify=Target())
+    jobs.track("j", "t", 0, notify=Silent())
+    jobs.track("k", "t", 0, notify=Silent())
     jobs.stamp(["j", "k"], 4000)
 
     assert jobs.confirm(4010) == []
@@ -383,7 +377,7 @@ def test_a_confirmed_renewal_moves_the_deadline_and_a_passed_deadline_is_said() 
 
 def test_an_older_stamp_never_moves_a_deadline_back() -> None:
     jobs = table()
-    jobs.track("j", "t", 1000, notify=Target())
+    jobs.track("j", "t", 1000, notify=Silent())
     jobs.stamps["j"] = 0  # a renewal sent before the taking was confirmed
 
     jobs.confirm(10)
@@ -408,7 +402,7 @@ def test_a_watched_locks_record_is_released_once_nobody_watches_it() -> None:
             released.append(self.job_id)
 
     jobs = JobTable(LOCK, MARGIN, Record)
-    a = Target()
+    a = Silent()
     jobs.track("j", "t", 7, notify=a)
     jobs.track("k", "t", 7, notify=a)
     jobs.track("l", "t", 7, notify=a)
@@ -423,7 +417,7 @@ def test_a_watched_locks_record_is_released_once_nobody_watches_it() -> None:
 
 
 def test_a_claim_releasing_its_lock_marks_the_lock_until_it_says_otherwise() -> None:
-    a = Target()
+    a = Silent()
     jobs = table()
     jobs.track("j", "t", 0)
     jobs.track("j", "t", 0, notify=a, releasing=True)
@@ -447,12 +441,12 @@ def test_a_plain_release_keeps_the_lock_renewed_at_its_threshold_only() -> None:
 def test_the_change_count_moves_only_when_a_lock_is_let_go_or_replaced() -> None:
     jobs = table()
     jobs.track("j", "t", 0)
-    jobs.track("k", "t", 0, notify=Target())
+    jobs.track("k", "t", 0, notify=Silent())
     before = jobs.changes
 
     jobs.track("j", "t", 5)  # the same lock again
     jobs.stamp(["j", "k"], 10)
-    jobs.track("k", "t", 0, notify=Target())  # another claim
+    jobs.track("k", "t", 0, notify=Silent())  # another claim
     assert jobs.changes == before
 
     jobs.track("j", "new", 20)

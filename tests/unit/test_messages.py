@@ -9,21 +9,14 @@ import pytest
 
 from actors import ExtendLocks, LockLost, LostLock, TrackJob, UntrackJob, messages
 from actors.messages import BY_NAME, MESSAGES, STOLEN, UNCONFIRMED, IsTracked
-
-
-class Target:
-    """A ``notify`` target: only its ``tell`` matters here."""
-
-    def tell(self, message: object) -> None:
-        """Accept the message."""
-
+from tests.support.fakes import Silent
 
 # -- the claim fields -------------------------------------------------------------
 
 
 def test_keep_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match="keep"):
-        TrackJob("j", "t", notify=Target(), keep=1)  # type: ignore[arg-type]
+        TrackJob("j", "t", notify=Silent(), keep=1)  # type: ignore[arg-type]
 
 
 def test_keep_needs_a_target_whose_untrack_ends_it() -> None:
@@ -35,7 +28,7 @@ def test_a_safety_margin_needs_a_target_whose_margin_it_is() -> None:
     with pytest.raises(ValueError, match="safety_margin needs a notify"):
         TrackJob("j", "t", safety_margin=100)
     with pytest.raises(ValueError, match="safety_margin"):
-        TrackJob("j", "t", notify=Target(), safety_margin=-1)
+        TrackJob("j", "t", notify=Silent(), safety_margin=-1)
 
 
 def test_releasing_must_be_a_bool() -> None:
@@ -46,7 +39,7 @@ def test_releasing_must_be_a_bool() -> None:
 def test_an_untrack_names_its_target_by_something_with_tell() -> None:
     with pytest.raises(TypeError, match="notify"):
         UntrackJob("j", "t", notify="someone")  # type: ignore[arg-type]
-    assert UntrackJob("j", "t", notify=Target()).token == "t"
+    assert UntrackJob("j", "t", notify=Silent()).token == "t"
 
 
 @pytest.mark.parametrize(

@@ -8,14 +8,17 @@ refused before it reaches the manager. Nothing here reaches Redis.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from pykka.messages import ProxyCall, ProxyGetAttr, ProxySetAttr
 
-from actors import ManagerRef, ManagerStopped, QueueKeys, aio, api, messages, start_link, stop
+from actors import ManagerRef, ManagerStopped, QueueKeys, aio, api, messages, stop
 from actors.messages import BY_NAME
 from actors.ref import admit
+
+if TYPE_CHECKING:
+    from tests.conftest import StartManager
 
 # Nothing listens here: these tests must fail before any command is sent.
 UNUSED_URL = "redis://127.0.0.1:1/0"
@@ -27,10 +30,8 @@ def clock() -> int:
 
 
 @pytest.fixture
-def manager() -> Iterator[ManagerRef]:
-    ref = start_link(connection=UNUSED_URL, keys=QueueKeys("q"))
-    yield ref
-    stop(ref)
+def manager(start_manager: StartManager) -> ManagerRef:
+    return start_manager(connection=UNUSED_URL, keys=QueueKeys("q"))
 
 
 # -- admission, without a manager ---------------------------------------------------
