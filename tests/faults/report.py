@@ -28,6 +28,10 @@ ISOLATION_ROWS = (
     "test_a_gil_hold_of_three_lock_durations_loses_the_lock_only_in_thread_mode",
     "tests/isolation/test_process_mode.py::"
     "test_a_killed_worker_leaves_no_lock_but_those_another_worker_holds",
+    # The child of a process-mode manager killed, then stopped (hung).
+    "tests/isolation/test_child_faults.py::test_a_killed_child_loses_no_watched_lock",
+    "tests/isolation/test_child_faults.py::"
+    "test_a_stopped_child_leaves_no_watcher_untold_before_another_worker_takes_the_job",
 )
 BULLMQ_ROW = (
     "tests/bullmq/test_concurrency.py::test_a_job_fetched_beside_a_blocked_loop_keeps_its_lock"
@@ -93,10 +97,15 @@ def table(collector: Collector) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``tests/faults`` with the collector, print the table, return pytest's status.
 
-    The abort-before-steal scenarios run ``FAULT_RUNS`` times each (5 here,
-    1 in the default test run), to give their figures a spread.
+    The abort-before-steal scenarios and the child faults run 5 times each
+    (``FAULT_RUNS``, ``CHILD_RUNS``), each partition share 4 times
+    (``PARTITION_RUNS``), and once in the default test run, to give their
+    figures a spread.
     """
     os.environ.setdefault("FAULT_RUNS", "5")
+    os.environ.setdefault("CHILD_RUNS", "5")
+    # Five shares of the TTL, twice (buffered and dead connections), four times: 20 of each.
+    os.environ.setdefault("PARTITION_RUNS", "4")
     collector = Collector()
     args = [
         str(ROOT / "tests" / "faults"),

@@ -1,4 +1,6 @@
-"""A process-mode manager whose child dies, hangs or restarts: no watcher is left untold, no healthy lock is lost.
+"""A process-mode manager whose child dies, hangs or restarts: no watcher left untold.
+
+No healthy lock is lost either.
 
 Each test watches a lock with both kinds of watcher a worker has, a pykka
 job actor (``notify``) and a lease, faults the child, and checks from a
@@ -88,8 +90,13 @@ def _start(server: Server, recorder: Recorder) -> ManagerRef:
     )
 
 
+#: ``CHILD_RUNS`` repeats each child fault (``make faults``: 5), to give its figures a spread.
+RUNS = range(int(os.environ.get("CHILD_RUNS", "1")))
+
+
+@pytest.mark.parametrize("run", RUNS)
 def test_a_killed_child_loses_no_watched_lock(
-    server: Server, redis_client: redis.Redis, record: FaultRecord
+    server: Server, redis_client: redis.Redis, record: FaultRecord, run: int
 ) -> None:
     record.fault = "process-mode child SIGKILLed, restarted"
     record.asserted = "no watcher told, every lock held by its token"
@@ -130,8 +137,9 @@ def test_a_killed_child_loses_no_watched_lock(
     stop(manager)
 
 
+@pytest.mark.parametrize("run", RUNS)
 def test_a_stopped_child_leaves_no_watcher_untold_before_another_worker_takes_the_job(
-    server: Server, redis_client: redis.Redis, record: FaultRecord
+    server: Server, redis_client: redis.Redis, record: FaultRecord, run: int
 ) -> None:
     record.fault = "process-mode child SIGSTOPped (hung)"
     record.asserted = "every watcher told unconfirmed before another worker takes the lock"
