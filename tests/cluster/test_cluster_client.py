@@ -40,13 +40,15 @@ def test_one_timeout_rule_from_the_trust_window_a_quarter_on_a_cluster_half_on_o
 
 
 def test_cluster_client_sets_timeouts_and_one_retry(cluster: LocalCluster) -> None:
-    # given the client built for a manager ticking every second
+    # given the client built for a manager ticking every second (4 s locks)
     conn = cluster_client(cluster.startup_url(), interval_ms=1000)
     try:
-        # then every node connection has the short timeouts, and a failure is retried once
+        # then every node connection has the cluster's timeout, a quarter of
+        # what the trust window leaves after one interval, and a failure is retried once
+        seconds = (4000 - 500 - 1000) / 4 / 1000
         node_options = conn.nodes_manager.connection_kwargs
-        assert node_options["socket_timeout"] == pytest.approx(0.1)
-        assert node_options["socket_connect_timeout"] == pytest.approx(0.1)
+        assert node_options["socket_timeout"] == pytest.approx(seconds)
+        assert node_options["socket_connect_timeout"] == pytest.approx(seconds)
         assert conn.retry.get_retries() == RETRIES == 1
         assert len(conn.nodes_manager.get_nodes_by_server_type("primary")) == 3
     finally:
