@@ -18,7 +18,7 @@ demo: $(STAMP)
 
 ## test: lint, type-check, build the docs and run the whole suite
 test: lint typecheck docs
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --timeout 600
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
