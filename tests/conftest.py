@@ -11,6 +11,7 @@ clocks and timers) live in :mod:`tests.support`.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pykka
@@ -101,3 +102,11 @@ def start_manager() -> Iterator[StartManager]:
     yield start
     for ref in reversed(started):
         stop(ref)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test under ``tests/interop`` ``interop``: ``-m interop`` runs them alone."""
+    interop = Path(__file__).parent / "interop"
+    for item in items:
+        if interop in item.path.parents:
+            item.add_marker(pytest.mark.interop)
