@@ -157,6 +157,7 @@ NOT_MESSAGES: list[object] = [
     {"command": "track", "job_id": "x"},
 ]
 
+
 def test_garbage_messages_are_dropped_and_renewal_goes_on(
     server: Server, redis_client: redis.Redis, reports: Recorder, record: FaultRecord
 ) -> None:

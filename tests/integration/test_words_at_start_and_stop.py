@@ -1,4 +1,7 @@
-"""What a manager says as it starts and stops: an unreachable server at once, a dead target not at all."""
+"""What a manager says as it starts and stops.
+
+An unreachable server is named at once; a dead target is not named at all.
+"""
 
 from __future__ import annotations
 
