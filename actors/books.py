@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import pykka
+
 from actors.jobs import JobTable, LostLocks
 from actors.messages import (
     EXPIRED,
@@ -256,9 +258,9 @@ class Books:
     def bury(self, report: Report) -> tuple[list[str], list[tuple[str, str]]]:
         """End the claims of targets that are no longer alive: a pykka monitor's ``DOWN``.
 
-        A target is dead when it has an ``is_alive()`` that answers ``False``
-        (a pykka ref whose actor stopped or crashed); one whose ``is_alive``
-        raises is taken as alive. Nobody is told: the holder is gone.
+        A target is dead when it is a ``pykka.ActorRef`` whose actor stopped
+        or crashed (pykka's own ``is_alive``: an override is never called);
+        any other target is taken as alive. Nobody is told: the holder is gone.
 
         Returns:
             The ids whose claims ended, and the ``(job_id, token)`` of each lock
@@ -339,10 +341,6 @@ def _by_any_of(targets: list[Notify]) -> Callable[[Claim], bool]:
 
 
 def _alive(target: object) -> bool:
-    is_alive = getattr(target, "is_alive", None)
-    if is_alive is None:
-        return True
-    try:
-        return bool(is_alive())
-    except Exception:
-        return True
+    # pykka's own answer, the read of an event: a target's own code could
+    # block or raise anything, and no user code runs on the manager's thread.
+    return not isinstance(target, pykka.ActorRef) or pykka.ActorRef.is_alive(target)

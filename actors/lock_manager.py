@@ -241,30 +241,35 @@ class Renewals(threading.Thread):
             flight, calls = item
             started = time.perf_counter()
             released = self._release(flight.release)
-            with tick_span(self._queue_name, len(flight.due)) as span:
-                outcome: BatchOutcome | BaseException
-                try:
-                    # The one round trip: the scripts module, one EVALSHA per chunk.
-                    answer: object = (
-                        self._renewer(flight.due, flight.tokens) if flight.due else None
-                    )
-                    if flight.due and not isinstance(answer, BatchOutcome):
-                        name = type(answer).__name__
-                        raise TypeError(f"the renewer returned {name}, not a BatchOutcome")
-                    outcome = answer if isinstance(answer, BatchOutcome) else BatchOutcome([], [])
-                except BaseException as exc:
-                    # Nothing is known to have run (see Books.apply).
-                    outcome = exc
-                try:
-                    answered = self._clock()
-                except BaseException:
-                    answered = flight.at
-                margin = self._lock_duration - (answered - flight.oldest)
-                if flight.due:
-                    span.record(outcome, calls, float(flight.late_ms), float(margin))
+            outcome: BatchOutcome | BaseException
+            try:
+                outcome, answered = self._renew(flight, calls)
+            except BaseException as exc:
+                # The span or the clock failed around the renewal: the tick
+                # counts as failed (its jobs keep their stamps), the thread lives on.
+                outcome, answered = exc, flight.at
             elapsed = (time.perf_counter() - started) * 1000
             with contextlib.suppress(pykka.ActorDeadError):  # stopping: nobody is left to tell
                 self._post(Landed(outcome, answered, elapsed, released))
+
+    def _renew(self, flight: Flight, calls: int) -> tuple[BatchOutcome | BaseException, int]:
+        with tick_span(self._queue_name, len(flight.due)) as span:
+            outcome: BatchOutcome | BaseException
+            try:
+                # The one round trip: the scripts module, one EVALSHA per chunk.
+                answer: object = self._renewer(flight.due, flight.tokens) if flight.due else None
+                if flight.due and not isinstance(answer, BatchOutcome):
+                    name = type(answer).__name__
+                    raise TypeError(f"the renewer returned {name}, not a BatchOutcome")
+                outcome = answer if isinstance(answer, BatchOutcome) else BatchOutcome([], [])
+            except BaseException as exc:
+                # Nothing is known to have run (see Books.apply).
+                outcome = exc
+            answered = self._clock()
+            if flight.due:
+                margin = self._lock_duration - (answered - flight.oldest)
+                span.record(outcome, calls, float(flight.late_ms), float(margin))
+        return outcome, answered
 
     def _release(self, locks: list[tuple[str, str]]) -> int | BaseException:
         release = getattr(self._renewer, "release", None)

@@ -213,8 +213,8 @@ class TrackJob:
     A lock lost recently is not tracked again with the same token (a new
     target is told of the loss at once). A watched lock (one with a target)
     whose renewal is not confirmed by its deadline is let go, and every
-    target told ``"unconfirmed"``. A target that is no longer alive
-    (``is_alive()`` answers ``False``) ends its own claim at the next tick.
+    target told ``"unconfirmed"``. A target that is a pykka ``ActorRef``
+    whose actor stopped or crashed ends its own claim at the next tick.
     Asked, a track with a target answers the lock's deadline record (a
     :class:`~actors.jobs.Validity`), or ``None``.
     """

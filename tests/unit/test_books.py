@@ -7,6 +7,9 @@ the error, and one word per target to tell.
 
 from __future__ import annotations
 
+from typing import Any
+
+import pykka
 from redis.exceptions import ResponseError
 
 from actors.books import Books, Report
@@ -39,7 +42,7 @@ def tracked(*job_ids: str, ts: int = 0) -> Books:
 def watch(
     books: Books,
     job_id: str,
-    target: Inbox,
+    target: Inbox | pykka.ActorRef[Any],
     ts: int = 0,
     *,
     max_hold: int | None = None,
@@ -376,24 +379,17 @@ def test_a_watched_lock_past_its_deadline_is_let_go_unconfirmed() -> None:
     assert books.jobs.ids() == ["plain"]
 
 
-class Holder(Inbox):
-    """A target that may die, as a pykka reference to a stopped actor does."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.alive = True
-
-    def is_alive(self) -> bool:
-        return self.alive
+class Holder(pykka.ThreadingActor):
+    """A job actor: a holder that dies when it stops."""
 
 
 def test_a_dead_holders_claim_ends_untold_and_its_orphaned_lock_is_handed_back() -> None:
     books = tracked("shared")
-    dead, living = Holder(), Holder()
+    dead, living = Holder.start(), Holder.start()
     watch(books, "shared", dead)
     watch(books, "alone", dead)
     watch(books, "kept", living)
-    dead.alive = False
+    dead.stop()
 
     report = Report()
     ended, orphans = books.bury(report)
@@ -405,16 +401,34 @@ def test_a_dead_holders_claim_ends_untold_and_its_orphaned_lock_is_handed_back()
     assert not books.jobs.watched("shared")
 
 
-def test_a_target_whose_is_alive_raises_is_taken_as_alive() -> None:
-    class Confused(Inbox):
-        def is_alive(self) -> bool:
-            raise RuntimeError("cannot say")
+class Hostile(Inbox):
+    """A target whose own ``is_alive`` would stop, block or lie on the manager's thread."""
 
+    def is_alive(self) -> bool:
+        raise SystemExit("not on the manager's thread")
+
+
+class HostileRef(pykka.ActorRef[Any]):
+    """A pykka reference whose override of ``is_alive`` must never be called."""
+
+    def is_alive(self) -> bool:
+        raise SystemExit("not on the manager's thread")
+
+
+def test_no_code_of_a_target_runs_to_say_whether_it_is_alive() -> None:
+    # A target's is_alive that raised (even a BaseException) or blocked once
+    # stopped or froze every renewal: only pykka's own answer is read.
     books = Books(LOCK, MARGIN)
-    watch(books, "j", Confused())
+    watch(books, "plain-object", Hostile())
+    ref = Holder.start()
+    ref.__class__ = HostileRef
+    watch(books, "overridden-ref", ref)
 
     assert books.bury(Report()) == ([], [])
-    assert "j" in books.jobs
+    assert books.jobs.ids() == ["plain-object", "overridden-ref"]
+    ref.__class__ = pykka.ActorRef  # pykka's own stop asks is_alive too
+    ref.stop()
+    assert books.bury(Report()) == (["overridden-ref"], [("overridden-ref", "t-overridden-ref")])
 
 
 def test_letting_go_tells_every_watcher_the_manager_stopped_and_nobody_else() -> None:
