@@ -11,9 +11,7 @@ Example:
     >>> stop(manager)
 
 The shared script and what mirrors it keep BullMQ's word, "extend"
-(``extendLocks-1.lua``, ``ExtendLocks``, ``extend_locks``), so a reader can
-match them with every other runtime; everything of this package's own says
-"renew".
+(``extendLocks-1.lua``, ``ExtendLocks``, ``extend_locks``); the rest says "renew".
 """
 
 from __future__ import annotations

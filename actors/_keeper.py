@@ -1,11 +1,9 @@
 """The keeper of an embedded server: it ends the server once its owner is gone.
 
 Run as a script (``python -I _keeper.py [folder]``) by
-:class:`actors.embedded.EmbeddedServer`; it imports nothing but the standard
-library. It holds one end of a pipe whose other end only the owner holds.
-When the owner ends in any way (``stop()``, an exception, SIGTERM, SIGKILL, a
-CI timeout), the pipe closes; the keeper then kills the server it was last
-told of and removes the temporary folder.
+:class:`actors.embedded.EmbeddedServer`, on the standard library alone. When
+its owner ends in any way, SIGKILL included, its stdin pipe closes; the keeper
+then kills the server it was last told of and removes the folder.
 """
 
 from __future__ import annotations
@@ -25,14 +23,8 @@ KEEPER_WAIT_S = 5.0
 
 
 def _keep(folder: str | None) -> None:
-    """Run the keeper: end the last server named on stdin once stdin closes.
-
-    Each line on stdin is the pid of the server now running, ``0`` for none.
-    End of input means the owner is gone (or has stopped the server): the
-    server named last is killed, and ``folder``, when given, removed.
-    """
-    # A Ctrl-C reaches every process of the terminal's group; the keeper
-    # acts once its owner is gone, not before.
+    """Kill the server named last on stdin (one pid a line, ``0`` for none) once stdin closes."""
+    # A Ctrl-C reaches the whole group; the keeper acts only once its owner is gone.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     handle: int | None = None
     pid = 0
@@ -42,8 +34,7 @@ def _keep(folder: str | None) -> None:
             handle = None
         pid = int(line)
         if pid and hasattr(os, "pidfd_open"):
-            # Opened while the owner has not yet reaped the server: the
-            # handle names that very process, whatever pid is reused later.
+            # Opened before the owner reaps the server: it names that very process.
             with contextlib.suppress(OSError):
                 handle = os.pidfd_open(pid)
     if pid:
@@ -53,7 +44,6 @@ def _keep(folder: str | None) -> None:
 
 
 def _end(pid: int, handle: int | None) -> None:
-    """Kill the server ``pid`` (through its ``handle`` when there is one) and await its end."""
     try:
         if handle is not None:
             signal.pidfd_send_signal(handle, signal.SIGKILL)

@@ -1,28 +1,24 @@
 """The manager's queries for asyncio code, awaited without blocking the loop.
 
-A pykka future can be awaited, but its ``__await__`` calls the blocking
-``get()``: the whole event loop then stands still until the manager answers,
-which during a tick of 100,000 jobs can be a long time. The coroutines here
-ask the manager with ``block=False``; its answer calls back into the loop
-(see :func:`answer`), so other tasks keep running meanwhile, no thread waits
-on any answer, and an answer that never comes holds up nothing but the task
-that awaits it.
+A pykka future's ``__await__`` calls the blocking ``get()``, which stops the
+whole loop until the manager answers. The coroutines here ask with
+``block=False`` and the answer calls back into the loop (see :func:`answer`),
+so other tasks keep running and no thread waits.
 
 Example:
     >>> from actors import aio
     >>> stats = await aio.get_stats(manager)
     >>> await aio.untrack_job(manager, "42")      # returns once untracked
 
-:func:`actors.track_job` already returns at once and needs no coroutine.
-Inside an ``async`` job, hold a lock with ``async with actors.lease(...)``
-(see :mod:`actors.leases`), whose exit awaits :func:`untrack_job`.
+:func:`actors.track_job` returns at once and needs no coroutine; an ``async``
+job holds its lock with ``async with actors.lease(...)``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pykka
 
@@ -52,7 +48,6 @@ __all__ = [
 
 T = TypeVar("T")
 
-
 #: Longest pause, in seconds, between two looks at a future that cannot call back.
 POLL_S = 0.05
 
@@ -62,19 +57,12 @@ async def answer(
 ) -> T:
     """Await the answer to something asked of ``manager`` with ``block=False``.
 
-    A future already answered is read at once. The manager's own futures
-    (:class:`~actors.ref.Answer`) call back into the loop when answered; any
-    other pykka future is looked at again and again, at most
-    :data:`POLL_S` apart. Either way nothing blocks: an answer that never
-    comes holds up only the task awaiting it, never the other questions.
+    The manager's own futures (:class:`~actors.ref.Answer`) call back into
+    the loop when answered; any other pykka future is polled, at most
+    :data:`POLL_S` apart. An answer that never comes holds up only this task.
 
-    Args:
-        manager: The manager the question was asked of.
-        future: What ``manager.ask(message, block=False)`` returned.
-        timeout: Most seconds to wait; ``None`` waits as long as it takes.
-
-    Returns:
-        The answer.
+    ``future`` is what ``manager.ask(message, block=False)`` returned;
+    ``timeout`` is in seconds (``None``: as long as it takes).
 
     Raises:
         pykka.Timeout: No answer within ``timeout`` seconds.
@@ -100,8 +88,7 @@ async def answer(
 
 
 def _wake(loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[T], done: Answer[T]) -> None:
-    # On the thread that answered (the manager's): hand the answer to the loop.
-    # The loop may have closed since: nobody is left to tell.
+    # On the thread that answered; a loop closed since has nobody left to tell.
     call_in_loop(loop, _settle, waiter, done)
 
 
@@ -134,13 +121,7 @@ def _look(
 async def ask(manager: ManagerRef, message: Any, *, timeout: float | None = None) -> Any:
     """Send ``message`` to ``manager`` and await its answer.
 
-    Args:
-        manager: The manager.
-        message: One of :mod:`actors.messages` (checked in this thread).
-        timeout: Most seconds to wait for the answer.
-
-    Returns:
-        The manager's answer.
+    ``message`` is one of :mod:`actors.messages`; ``timeout`` is in seconds.
 
     Raises:
         TypeError: ``manager`` is not a manager's reference, or the message
@@ -169,17 +150,8 @@ async def untrack_job(
 ) -> None:
     """Stop renewing ``job_id``'s lock; return once the manager has untracked it.
 
-    The awaitable form of ``untrack_job(manager, job_id, wait=True)``: after
-    it returns no tick can find the lock gone and report it lost, so the job
-    may delete its lock. A stopped manager tracks nothing: it returns at once.
-
-    Args:
-        manager: The manager.
-        job_id: The job's id.
-        token: Untrack only the lock holding this token.
-        notify: End only the claim this target made (see
-            :func:`actors.untrack_job`).
-        timeout: Most seconds to wait.
+    The awaitable form of ``untrack_job(manager, job_id, wait=True)`` (see
+    :func:`actors.untrack_job`): after it the job may delete its lock.
 
     Raises:
         TypeError: ``job_id`` is not a ``str``, or ``notify`` has no ``tell``.
@@ -195,82 +167,40 @@ async def untrack_job(
 
 
 async def get_active_job_count(manager: ManagerRef, *, timeout: float | None = None) -> int:
-    """Await how many jobs ``manager`` tracks.
-
-    Raises:
-        ManagerStopped: The manager is stopped.
-        pykka.Timeout: No answer within ``timeout`` seconds.
-    """
-    count: int = await ask(manager, GetActiveJobCount(), timeout=timeout)
-    return count
+    """Await how many jobs ``manager`` tracks; raises as :func:`actors.get_active_job_count`."""
+    return cast("int", await ask(manager, GetActiveJobCount(), timeout=timeout))
 
 
 async def get_tracked_job_ids(manager: ManagerRef, *, timeout: float | None = None) -> list[str]:
-    """Await the ids ``manager`` tracks.
-
-    Raises:
-        ManagerStopped: The manager is stopped.
-        pykka.Timeout: No answer within ``timeout`` seconds.
-    """
-    ids: list[str] = await ask(manager, GetTrackedJobIds(), timeout=timeout)
-    return ids
+    """Await the ids ``manager`` tracks; raises as :func:`actors.get_tracked_job_ids`."""
+    return cast("list[str]", await ask(manager, GetTrackedJobIds(), timeout=timeout))
 
 
 async def is_tracked(manager: ManagerRef, job_id: str, *, timeout: float | None = None) -> bool:
-    """Await whether ``manager`` tracks ``job_id``.
-
-    Raises:
-        TypeError: ``job_id`` is not a ``str``.
-        ValueError: ``job_id`` is empty, too long or not UTF-8.
-        ManagerStopped: The manager is stopped.
-        pykka.Timeout: No answer within ``timeout`` seconds.
-    """
-    tracked: bool = await ask(manager, IsTracked(job_id), timeout=timeout)
-    return tracked
+    """Await whether ``manager`` tracks ``job_id``; raises as :func:`actors.is_tracked`."""
+    return cast("bool", await ask(manager, IsTracked(job_id), timeout=timeout))
 
 
 async def get_stats(manager: ManagerRef, *, timeout: float | None = None) -> Stats:
-    """Await ``manager``'s counters.
-
-    Raises:
-        ManagerStopped: The manager is stopped.
-        pykka.Timeout: No answer within ``timeout`` seconds.
-    """
-    stats: Stats = await ask(manager, GetStats(), timeout=timeout)
-    return stats
+    """Await ``manager``'s counters; raises as :func:`actors.get_stats`."""
+    return cast("Stats", await ask(manager, GetStats(), timeout=timeout))
 
 
 async def stop(manager: ManagerRef, *, timeout: float | None = None) -> bool:
-    """Stop ``manager`` and return once it is fully stopped (see :func:`actors.stop`).
-
-    Returns:
-        ``True`` for the one call that stopped the manager, ``False`` for any other.
-
-    Raises:
-        pykka.Timeout: Not stopped within ``timeout`` seconds.
-    """
+    """Stop ``manager`` and return once it is fully stopped; as :func:`actors.stop`."""
     ref = require_manager(manager)
     if on_a_delivery_thread():
-        # In a callback's own loop: the stop waits for the manager's thread
-        # only, which runs no user code.
-        stopped: bool = ref.stop(timeout=timeout)
-        return stopped
+        # In a callback's own loop: the stop waits only for the manager's thread.
+        return cast("bool", ref.stop(timeout=timeout))
     return bool(await asyncio.to_thread(ref.stop, timeout=timeout))
-
-
-# -- handing work to a loop ---------------------------------------------------------
 
 
 def call_in_loop(
     loop: asyncio.AbstractEventLoop, callback: Callable[..., object], *args: object
 ) -> bool:
-    """Schedule ``callback(*args)`` on ``loop`` from any thread, unless the loop is closed.
+    """Schedule ``callback(*args)`` on ``loop`` from any thread; ``False`` if the loop is closed.
 
     Calls handed over from one thread run in the order they were handed over.
-
-    Returns:
-        Whether the call was handed over: ``False`` when the loop has closed
-        and nobody is left to run it.
     """
     try:
         loop.call_soon_threadsafe(callback, *args)

@@ -1,13 +1,12 @@
 """The module helpers: one function per operation, and ``start_link`` and ``stop``.
 
-Each builds the operation's message (which checks its arguments in the
-caller's thread) and sends it to the manager; the queries wait for the answer.
-From a manager's own thread (one of its callbacks) a query answers at once.
+Each builds the operation's message, checked in the caller's thread, and
+sends it to the manager; the queries wait for the answer.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from actors.lock_manager import LockManager
 from actors.messages import (
@@ -69,53 +68,42 @@ def start_link(
 
     Args:
         connection: A ``redis.Redis`` or ``redis.RedisCluster`` client, or a
-            Redis URL (the manager then builds a client whose attempts end
-            within :func:`actors.connection.command_timeout`, and closes it
-            when it stops).
+            Redis URL (the manager then builds and closes a client bounded by
+            :func:`actors.connection.command_timeout`).
         keys: The queue's keys.
         lock_duration: The lock TTL set at each renewal, in milliseconds.
-        lock_renew_time: Longest time between two renewals of a lock, in
-            milliseconds; ``lock_duration // 2`` when ``None``.
-        on_lock_renewal_failed: Called with the lost jobs, untracked first:
-            a list of :class:`~actors.LostLock`, each a ``str`` (the id) that
-            also carries the lost ``token`` and the ``reason``.
+        lock_renew_time: Most milliseconds between two renewals of a lock;
+            ``lock_duration // 2`` when ``None``.
+        on_lock_renewal_failed: Called with the lost jobs, untracked first, as
+            :class:`~actors.LostLock` ids carrying ``token`` and ``reason``.
         on_locks_renewed: Called with the ids renewed by a tick.
         on_error: Called with the exception of a tick whose Redis call failed.
         max_batch: Most ids per script call; a tick's calls share one round trip.
         max_hold: Most milliseconds any job's lock is renewed (``None``: no
-            cap); past it the job is untracked and reported ``"max_hold"``.
-        renewer: What renews the locks, instead of the shared script on
-            ``connection`` (another backend, or a test's lock table).
+            cap); past it the job is reported ``"max_hold"``.
+        renewer: What renews the locks instead of the script on ``connection``.
         clock: The monotonic clock, in milliseconds, for stamps and ticks.
         timer: Builds the manager's one timer (see :mod:`actors.timer`).
-        safety_margin: How long before the server could expire a watched
-            lock (a lease's, a ``notify`` target's) its watchers are told
-            ``"unconfirmed"``, in milliseconds: the lock is trusted until
-            ``lock_duration - safety_margin`` after the last renewal the
-            server confirmed was sent. Half the timer interval when ``None``
-            (see ``actors.timing.default_safety_margin``); it must be
-            below ``lock_duration`` minus the interval.
-        isolation: ``"thread"`` (the default): the timer and the renewals run
-            on this manager's threads. ``"process"``: they run in a child
-            process the manager starts and ends (see :class:`~actors.process.ProcessLockManager`),
-            so no GIL hold in the worker delays a renewal, and the locks are
-            deleted (compare-and-delete on the token) when the worker dies.
-            The same API, messages, callbacks and leases; ``connection`` must
-            then be a URL or a ``redis.Redis`` (no cluster yet), and
+        safety_margin: Milliseconds: a watched lock is trusted until
+            ``lock_duration - safety_margin`` after the last confirmed
+            renewal's send, then its watchers are told ``"unconfirmed"``.
+            Half the interval when ``None``; below ``lock_duration`` minus the interval.
+        isolation: ``"thread"`` (the default), or ``"process"``: the timer and
+            renewals run in a child process (see
+            :class:`~actors.process.ProcessLockManager`), so no GIL hold
+            delays a renewal and the locks are deleted when the worker dies;
+            ``connection`` must then be a URL or a ``redis.Redis``, and
             ``renewer``, ``clock`` and ``timer`` are refused.
 
-    Callbacks and the targets' ``tell`` run on the manager's delivery thread,
-    one at a time, in the order the manager decided, after the step that
-    decided them is done: never on the manager's own thread, so a callback
-    may query the manager, untrack and wait, or stop it. A slow callback
-    delays the ones after it, never a renewal. Whatever they raise
-    (``SystemExit`` included) is logged and changes nothing.
+    Callbacks and the targets' ``tell`` run one at a time on the manager's
+    delivery thread, never its own, so a callback may query, untrack and
+    wait, or stop the manager; a slow one delays the others, never a
+    renewal. Whatever they raise is logged and changes nothing.
 
     Raises:
         TypeError: An argument has the wrong type.
-        ValueError: A duration is out of range, the client's encoding is not
-            UTF-8, or a cluster client was given for keys that cannot share
-            one hash slot; ``isolation`` is not ``"thread"`` or ``"process"``.
+        ValueError: A duration or ``isolation`` is out of range, the client's
+            encoding is not UTF-8, or a cluster's keys cannot share a slot.
         RuntimeError: With ``isolation="process"``, the child process did not start.
     """
     ref = LockManager.start(
@@ -160,12 +148,8 @@ def track_job(
 ) -> None:
     """Tell ``manager`` to renew ``job_id``'s lock, held with ``token``.
 
-    Returns at once. Each call adds a claim on the lock, named by its
-    ``notify`` target (none: the plain claim), with its own ``max_hold``; the
-    same claim again changes nothing. With a new token it is a fresh lock. A
-    lock lost recently is not tracked again with the same token (a new
-    ``notify`` target is told of the loss at once). A stopped manager ignores
-    it (with a warning, once).
+    Returns at once. Each call adds a claim, named by its ``notify`` target
+    (see :class:`~actors.TrackJob`). A stopped manager ignores it, warning once.
 
     Args:
         manager: The manager.
@@ -173,9 +157,8 @@ def track_job(
         token: The value the lock holds for this worker.
         ts: When the lock was taken, in the manager's monotonic milliseconds
             (``time.monotonic_ns() // 1_000_000``); now when ``None``.
-        notify: An actor (anything with ``tell``) told a
-            :class:`~actors.LockLost` once if the lock is lost, as is every
-            other target the lock was tracked with.
+        notify: Anything with ``tell``, told a :class:`~actors.LockLost` once
+            if the lock is lost.
         max_hold: Most milliseconds to renew this lock; the manager's
             ``max_hold`` when ``None``.
 
@@ -185,8 +168,7 @@ def track_job(
             ``max_hold`` is out of range.
     """
     ref = require_manager(manager)
-    # Stamped here, in the caller's thread: the job's clock starts now,
-    # however long the message then waits in the mailbox.
+    # Stamped in the caller's thread, however long the message then waits.
     stamp = ref.clock() if ts is None else ts
     _send(ref, TrackJob(job_id, token, stamp, notify, max_hold))
 
@@ -204,29 +186,19 @@ def untrack_job(
 
     Returns at once by default. Before deleting the lock itself, a worker
     should pass ``wait=True``: the call then returns once the manager has
-    untracked the job, so no tick already queued can find the lock gone and
-    report it lost. A stopped manager tracks nothing: it returns at once.
+    untracked the job, so no queued tick can report the lock lost. The
+    manager's thread never waits for Redis, so this is safe from anywhere, a
+    callback included; a stopped manager returns at once.
 
-    A lock may have several claims (the worker's plain track, each
-    ``notify`` target's, each lease's): this untrack ends the plain claim and
-    every ``notify`` target's claim on the lock (on ``token``, or on whatever
-    token the job holds now when ``None``), and leaves the leases' claims,
-    which end only with their lease; the lock is renewed while a claim
-    remains. With ``notify``, it ends that target's claim alone.
-
-    With ``wait`` the caller waits for the manager's thread, which runs no
-    user code and never waits for Redis: from anywhere, a callback included,
-    the answer comes as soon as the messages before it are handled. A
-    renewal on its way meanwhile changes nothing: its answer about a lock
-    untracked since is dropped.
+    It ends the plain and every ``notify`` target's claim (with ``notify``,
+    that one's alone); leases' claims end only with their lease.
 
     Args:
         manager: The manager.
         job_id: The job's id.
-        token: Untrack only the lock holding this token: a newer lock of the
-            same job (tracked since with another token) stays tracked.
-        notify: End only the claim this target made with ``track_job``
-            (compared by identity).
+        token: Untrack only the lock holding this token (a newer lock of the
+            job stays tracked); whatever token it holds when ``None``.
+        notify: End only the claim this target made (compared by identity).
         wait: Wait until the manager has untracked the job.
         timeout: With ``wait``, the most seconds to wait.
 
@@ -253,8 +225,7 @@ def get_active_job_count(manager: ManagerRef, *, timeout: float | None = None) -
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    count: int = _ask(manager, GetActiveJobCount(), timeout=timeout)
-    return count
+    return cast("int", _ask(manager, GetActiveJobCount(), timeout=timeout))
 
 
 def get_tracked_job_ids(manager: ManagerRef, *, timeout: float | None = None) -> list[str]:
@@ -264,8 +235,7 @@ def get_tracked_job_ids(manager: ManagerRef, *, timeout: float | None = None) ->
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    ids: list[str] = _ask(manager, GetTrackedJobIds(), timeout=timeout)
-    return ids
+    return cast("list[str]", _ask(manager, GetTrackedJobIds(), timeout=timeout))
 
 
 def is_tracked(manager: ManagerRef, job_id: str, *, timeout: float | None = None) -> bool:
@@ -277,8 +247,7 @@ def is_tracked(manager: ManagerRef, job_id: str, *, timeout: float | None = None
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    tracked: bool = _ask(manager, IsTracked(job_id), timeout=timeout)
-    return tracked
+    return cast("bool", _ask(manager, IsTracked(job_id), timeout=timeout))
 
 
 def get_stats(manager: ManagerRef, *, timeout: float | None = None) -> Stats:
@@ -288,27 +257,20 @@ def get_stats(manager: ManagerRef, *, timeout: float | None = None) -> Stats:
         ManagerStopped: The manager is stopped.
         pykka.Timeout: No answer within ``timeout`` seconds.
     """
-    stats: Stats = _ask(manager, GetStats(), timeout=timeout)
-    return stats
+    return cast("Stats", _ask(manager, GetStats(), timeout=timeout))
 
 
 def stop(manager: ManagerRef, *, timeout: float | None = None) -> bool:
     """Stop ``manager``: no tick, no Redis command and no thread is left after.
 
-    Idempotent and safe from several threads at once: a stopped or dead
-    manager is fine. It returns once the manager's threads have ended and
-    its last reports (each watcher's ``"manager_stopped"``) were delivered;
-    called from a callback of any manager, it waits for the manager's own
-    thread but not for its delivery thread, so two managers whose callbacks
-    stop each other (``pykka.ActorRegistry.stop_all()``, say) never wait for
-    one another.
+    Idempotent and thread-safe. It returns once the manager's threads have
+    ended and its last reports were delivered; from a callback it does not
+    wait for the delivery thread, so managers stopping each other never wait.
 
     Returns:
-        ``True`` for exactly one call, the one that stopped the manager;
-        ``False`` for every other, however the calls race.
+        ``True`` for the one call that stopped the manager, ``False`` for any other.
 
     Raises:
         pykka.Timeout: Not stopped within ``timeout`` seconds.
     """
-    stopped: bool = require_manager(manager).stop(block=True, timeout=timeout)
-    return stopped
+    return cast("bool", require_manager(manager).stop(block=True, timeout=timeout))

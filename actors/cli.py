@@ -1,10 +1,7 @@
 """The ``echomq-locks`` command, also run as ``python -m actors``.
 
-``locks`` lists the job locks of one queue: the holder's token, the time left
-and whether the job sits in the stalled set; ``--watch`` refreshes it and adds
-when each lock was last renewed and how low its TTL got. ``explain`` prints
-what a ``lock_duration`` / ``lock_renew_time`` pair means. Keys are found with
-SCAN, never KEYS.
+``locks`` lists the job locks of one queue (``--watch`` refreshes the list);
+``explain`` prints what a ``lock_duration`` / ``lock_renew_time`` pair means.
 """
 
 from __future__ import annotations
@@ -135,16 +132,10 @@ class LockInfo:
 def read_locks(conn: redis.Redis, keys: QueueKeys) -> tuple[list[LockInfo], int]:
     """Read every lock of a queue, most urgent first.
 
-    One SCAN walk; per page of keys, one pipelined round trip of GET, PTTL and
-    SISMEMBER. A lock that expires between the SCAN and the read is left out.
-
-    Args:
-        conn: A client of the server.
-        keys: The queue's keys.
+    One SCAN walk and one round trip per page; a lock expired meanwhile is left out.
 
     Returns:
-        The locks, sorted by time left (locks without a TTL first), and the
-        size of the stalled set.
+        The locks by time left (those without a TTL first), and the stalled set's size.
 
     Raises:
         redis.exceptions.RedisError: The server or the connection failed.
@@ -200,11 +191,7 @@ def _text(reply: bytes | str) -> str:
 def other_prefix_hint(conn: redis.Redis, keys: QueueKeys) -> str | None:
     """Return a one-line hint when the queue has locks under another common prefix.
 
-    For a queue with no lock under the prefix given: EchoMQ's ``emq`` and
-    BullMQ's ``bull`` are looked under (one SCAN walk each).
-
-    Returns:
-        The hint, or ``None`` when no other common prefix holds a lock of the queue.
+    Looks under ``emq`` and ``bull`` (one SCAN walk each); ``None`` if neither has one.
     """
     for prefix in COMMON_PREFIXES:
         if prefix == keys.prefix:
@@ -230,26 +217,18 @@ class _Seen:
 class Watch:
     """Follows each lock from one refresh to the next: when renewed, how low its TTL got.
 
-    A lock nobody renews keeps one expiry instant (read time plus TTL); each
-    renewal moves it later by the time since the previous one. Expiry instants
-    are compared, not TTLs: a holder that renews as often as the watch
-    refreshes is read at the same point of each of its cycles, so its TTL
-    reads the same at every refresh although it was renewed in between.
+    Expiry instants (read time plus TTL) are compared, not TTLs: a holder
+    that renews as often as the watch refreshes shows the same TTL each time.
     """
 
     def __init__(self) -> None:
         self._seen: dict[str, _Seen] = {}
 
     def update(self, locks: Sequence[LockInfo]) -> dict[str, tuple[str, str]]:
-        """Record one refresh.
-
-        Args:
-            locks: Every lock the refresh read.
+        """Record one refresh, given every lock it read.
 
         Returns:
-            Per job id, the RENEWED and LOWEST TTL cells: how long before its
-            read the lock was first seen renewed, and the least time it can
-            have had left since the watch began (``"-"``: not yet, or no TTL).
+            Per job id, the RENEWED and LOWEST TTL cells (``"-"``: not yet, or no TTL).
         """
         seen: dict[str, _Seen] = {}
         cells: dict[str, tuple[str, str]] = {}
@@ -261,8 +240,7 @@ class Watch:
                 renewed_at = before.renewed_at
                 if expires and before.expires and expires[0] > before.expires[1]:
                     renewed_at = lock.read_at[1]
-                    # Renewed between the two reads: at worst just before this
-                    # one, when the previous expiry left the least time.
+                    # Renewed between the reads: at worst just before this one.
                     lowest = max(0, int((before.expires[0] - lock.read_at[1]) * 1000))
                 if lowest is None or (before.lowest_ms is not None and before.lowest_ms < lowest):
                     lowest = before.lowest_ms
@@ -274,8 +252,7 @@ class Watch:
 
 
 def _short_token(token: str) -> str:
-    # Both ends: UUID tokens differ at the start, and the "<worker id>:<n>"
-    # tokens BullMQ workers use differ, within one worker, only at the end.
+    # Both ends: UUIDs differ at the start, BullMQ's "<worker id>:<n>" at the end.
     return token if len(token) <= 19 else f"{token[:8]}...{token[-8:]}"
 
 
@@ -290,14 +267,10 @@ def render_locks(
     *,
     watched: Mapping[str, tuple[str, str]] | None = None,
 ) -> str:
-    """Return the table ``locks`` prints.
+    """Return the table ``locks`` prints, the locks in the order given.
 
-    Args:
-        keys: The queue's keys.
-        locks: The locks, in the order to print.
-        stalled_total: Size of the queue's stalled set.
-        watched: The cells of :meth:`Watch.update`; adds the RENEWED and
-            LOWEST TTL columns (``--watch``).
+    ``watched``, the cells of :meth:`Watch.update`, adds the RENEWED and
+    LOWEST TTL columns (``--watch``).
     """
     stalled = sum(lock.stalled for lock in locks)
     header = f"{keys.base}: {len(locks)} lock(s), {stalled} of them in the stalled set "
@@ -316,17 +289,9 @@ def render_locks(
 
 
 def explain(timing: Timing) -> tuple[str, list[str]]:
-    """Describe a lock configuration.
-
-    Args:
-        timing: The configuration, validated.
-
-    Returns:
-        The text to print, and the warnings about it (possibly none).
-    """
+    """Describe a lock configuration: return the text to print, and its warnings."""
     interval, headroom = timing.interval, timing.headroom
     safety = default_safety_margin(timing)
-    # The rule (and format) of the manager's start-up warning about a client.
     single, cluster = command_timeout(timing), command_timeout(timing, cluster=True)
     spare = headroom / interval
     rows = [
@@ -374,8 +339,7 @@ def explain(timing: Timing) -> tuple[str, list[str]]:
 
 
 def _largest_safe_renew_time(lock_duration: int) -> int | None:
-    # headroom >= interval holds up to about two thirds of the duration; walk
-    # down from just above it to absorb the integer divisions.
+    # It holds up to about two thirds of the duration; start just above, for rounding.
     for renew in range(min(lock_duration - 1, lock_duration * 2 // 3 + 2), 1, -1):
         timing = Timing(lock_duration, renew)
         if timing.headroom >= timing.interval:
@@ -438,8 +402,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, formatter_class=formatter)
     parser.description = "Look at the job locks of an EchoMQ or BullMQ queue, "
     parser.description += "and at what a lock configuration means."
-    # Spelled out once: within a subcommand %(prog)s is "<prog> <subcommand>",
-    # and its examples would name the subcommand twice.
+    # Spelled out: within a subcommand %(prog)s would name the subcommand twice.
     parser.epilog = epilog = _EPILOG.replace("%(prog)s", parser.prog)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     locks = commands.add_parser(
@@ -493,8 +456,7 @@ def _run_locks(args: argparse.Namespace, prog: str, out: TextIO, err: TextIO) ->
         args.command_parser.error(str(exc))
     every, hint = args.watch, None
     if every is not None and threading.current_thread() is threading.main_thread():
-        # Ctrl-C or SIGTERM ends a watch, even where SIGINT is ignored on
-        # start (a background job of a script, nohup, some CI runners).
+        # Ctrl-C or SIGTERM ends a watch, even where SIGINT is ignored (nohup, CI).
         signal.signal(signal.SIGINT, _ends_the_watch)
         signal.signal(signal.SIGTERM, _ends_the_watch)
     watch, clear = Watch(), (_CLEAR if out.isatty() else "\n")
@@ -525,8 +487,7 @@ def _run_locks(args: argparse.Namespace, prog: str, out: TextIO, err: TextIO) ->
             stamp = datetime.now().strftime("%H:%M:%S")
             out.write(f"{clear}{stamp}  every {every:g} s, Ctrl-C to stop\n{frame}")
             out.flush()
-            # Refreshes keep the manager's fixed grid, so the time a read
-            # takes does not stretch the period.
+            # A fixed grid, as the manager's: a slow read does not stretch the period.
             frames += 1
             deadline = next_tick(deadline, max(1, round(every * 1000)), monotonic_ms())
             time.sleep(max(0, deadline - monotonic_ms()) / 1000)
@@ -552,12 +513,8 @@ def _run_explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Run the command line.
 
-    Args:
-        argv: The arguments, without the program name (``sys.argv[1:]`` when ``None``).
-        prog: The program name shown in help and errors (the script's name when ``None``).
-
-    Returns:
-        The exit status: :data:`EXIT_OK`, :data:`EXIT_ERROR` or :data:`EXIT_USAGE`.
+    ``argv`` defaults to ``sys.argv[1:]``, ``prog`` to the script's name. Returns
+    the exit status: :data:`EXIT_OK`, :data:`EXIT_ERROR` or :data:`EXIT_USAGE`.
     """
     parser = build_parser(prog)
     out, err = sys.stdout, sys.stderr

@@ -1,17 +1,9 @@
 """Clients: which server one reaches, and the rule that bounds how long a failed command takes.
 
-A manager renews on a thread of its own, so a slow or dead server never holds
-up its messages or the deadlines of its watched locks; but each renewal
-must end, or the locks wait behind it. redis-py's defaults do not end: a
-failed command is retried up to ten times with backoff, and a cluster client
-refreshes its topology and sleeps on each CLUSTERDOWN.
-
-The rule, used by every client built here, by the start-up warning about a
-client passed in, and by ``python -m actors explain``: a renewal is of use
-only while its answer can still come before a watched lock's deadline, so
-each of its two attempts waits at most half of what the trust window leaves
-after one interval (:func:`command_timeout`). Clients built here also say
-which server they reach, with the password masked, for log lines and errors.
+Each renewal must end, or the locks wait behind it, and redis-py's defaults
+(ten retries with backoff) do not. The rule, :func:`command_timeout`, bounds
+every client built here, the warning about a client passed in, and ``python
+-m actors explain``.
 """
 
 from __future__ import annotations
@@ -68,20 +60,12 @@ def command_timeout(
 ) -> float:
     """Return the longest wait per attempt, in seconds, of a manager with these windows.
 
-    A watched lock is renewed at every tick and trusted for ``lock_duration -
-    safety_margin`` after a confirmed send, so a renewal answered later than
-    that minus one interval can no longer move its deadline on: two
-    attempts share what is left (a quarter each on a cluster, where an
-    attempt may also wait for a topology refresh and for redis-py's fixed
-    0.25 s pause on CLUSTERDOWN). Never below 50 ms (a round trip must fit)
-    nor above 5 s. With the default windows that is 1.25 intervals on one
-    server: a 30,000 ms lock tolerates round trips up to 5 s, a 2,000 ms lock
-    up to 625 ms.
-
-    Args:
-        timing: The manager's windows.
-        safety_margin: Its watched locks' margin in ms (``None``: the default).
-        cluster: Whether the client is a ``redis.RedisCluster``.
+    A watched lock is trusted for ``lock_duration - safety_margin`` (ms;
+    the default margin when ``None``) after a confirmed send, so a renewal
+    answered later than that minus one interval is of no use: two attempts
+    share what is left (a quarter each on a cluster, for topology refreshes
+    and CLUSTERDOWN pauses). Between 50 ms and 5 s; with the default windows,
+    1.25 intervals on one server.
     """
     margin = default_safety_margin(timing) if safety_margin is None else safety_margin
     useful = timing.lock_duration - margin - timing.interval
@@ -90,11 +74,7 @@ def command_timeout(
 
 
 def client_for_url(url: str, *, timeout: float) -> redis.Redis:
-    """Build a one-server client whose failed command returns in bounded time.
-
-    Args:
-        url: A ``redis://``, ``rediss://`` or ``unix://`` URL.
-        timeout: The wait per attempt, in seconds (see :func:`command_timeout`).
+    """Build a one-server client from a URL, waiting ``timeout`` seconds per attempt.
 
     Raises:
         ValueError: ``url`` is not a Redis URL.
@@ -143,29 +123,14 @@ def client_like(
 ) -> redis.Redis:
     """Build a bounded one-server client that reaches the server ``options`` reach.
 
-    For a program that already has its connection settings in another shape
-    (a bullmq worker's ``connection`` option, an asyncio client) and needs a
-    synchronous client for the manager, with this module's timeouts instead
-    of the original's.
-
-    Args:
-        options: A URL; a dict of ``redis.Redis`` keywords (or one holding a
-            ``connection_pool``); or a ``redis.Redis`` / ``redis.asyncio.Redis``
-            client, whose server, database, credentials and TLS settings are
-            copied (the client itself is left alone).
-        timeout: The wait per attempt, in seconds (see :func:`command_timeout`).
-        bounded: Whether a command's reply is awaited for at most
-            ``timeout``; ``False`` awaits it as
-            long as it takes, as a bullmq worker's own client does (connecting
-            stays bounded either way).
-        retries: Retries after a failed attempt (``0`` for a command that
-            must not run twice).
+    ``options`` is a URL, a dict of ``redis.Redis`` keywords (or one holding a
+    ``connection_pool``), or a ``redis.Redis`` / ``redis.asyncio.Redis`` whose
+    server, database, credentials and TLS settings are copied. ``timeout`` is
+    the wait per attempt in seconds, for replies too when ``bounded``.
 
     Raises:
-        TypeError: ``options`` is a cluster client (build one with
-            :func:`cluster_client`), a client or pool that does not name its
-            server (a Sentinel-managed one: pass the renewal client
-            explicitly), or none of the shapes above.
+        TypeError: ``options`` is a cluster client, a client or pool that does
+            not name its server (a Sentinel-managed one), or none of the above.
     """
     if isinstance(options, str):
         return client_for_url(options, timeout=timeout)
@@ -193,9 +158,8 @@ def client_like(
     )
 
 
-#: Connection classes whose pool's keywords name the server itself: redis-py's
-#: plain ones, either kind. Any other (a Sentinel-managed one, a subclass)
-#: finds its server some other way, which a copy of the keywords would miss.
+#: Connection classes whose pool's keywords name the server: redis-py's plain
+#: ones. Any other (Sentinel, a subclass) finds its server some other way.
 _PLAIN_CONNECTIONS: tuple[type, ...] = (
     redis.Connection,
     redis.SSLConnection,
@@ -207,13 +171,7 @@ _PLAIN_CONNECTIONS: tuple[type, ...] = (
 
 
 def _settings_of(pool: Any) -> dict[str, Any]:
-    """Return the ``redis.Redis`` keywords that reach the server ``pool`` (either kind) reaches.
-
-    Raises:
-        TypeError: The pool does not name its server (a Sentinel-managed pool,
-            a connection class of another kind, or no host and no socket path):
-            copied, it would reach redis-py's default, localhost:6379.
-    """
+    # A pool that does not name its server, copied, would reach localhost:6379.
     given = pool.connection_kwargs
     kind = pool.connection_class
     if kind not in _PLAIN_CONNECTIONS or not (given.get("host") or given.get("path")):
@@ -230,8 +188,7 @@ def _settings_of(pool: Any) -> dict[str, Any]:
         settings["unix_socket_path"] = given["path"]
     elif kind in (redis.SSLConnection, redis.asyncio.SSLConnection):
         settings["ssl"] = True
-        # Only the ssl_* keywords this redis-py's Redis() takes; pools of
-        # either kind may hold more.
+        # Only the ssl_* keywords this redis-py's Redis() takes.
         accepted = inspect.signature(redis.Redis.__init__).parameters
         settings.update(
             (key, value)
@@ -244,9 +201,8 @@ def _settings_of(pool: Any) -> dict[str, Any]:
 def client_settings(client: redis.Redis) -> dict[str, Any]:
     """Return the ``redis.Redis`` keywords that reach the server ``client`` reaches.
 
-    Server, database, credentials and TLS settings, without the client's
-    timeouts and retries: for a client built elsewhere (another process) with
-    :func:`client_like`.
+    Server, database, credentials and TLS settings, without timeouts and
+    retries: for :func:`client_like` in another process.
 
     Raises:
         TypeError: The client does not name its server (see :func:`client_like`).
@@ -261,11 +217,8 @@ def cluster_client(url: str, *, interval_ms: int, **options: Any) -> redis.Redis
         >>> conn = cluster_client("redis://10.0.0.5:7000", interval_ms=7500)
         >>> manager = start_link(connection=conn, keys=QueueKeys("{myqueue}"))
 
-    Args:
-        url: ``redis://host:port`` of any node; the client finds the others.
-        interval_ms: The manager's tick interval (``lock_renew_time // 2``).
-        **options: More ``redis.RedisCluster`` options; they override the
-            timeouts and retries chosen here.
+    ``url`` names any node; ``interval_ms`` is the manager's tick interval;
+    ``options`` for ``redis.RedisCluster`` override the timeouts and retries.
     """
     # The default windows: a lock of four intervals, a margin of half of one.
     seconds = command_timeout(Timing(4 * interval_ms), cluster=True)
@@ -296,9 +249,8 @@ def check_client(conn: object, keys: QueueKeys, timing: Timing, safety_margin: i
 
     Raises:
         TypeError: ``conn`` is not a ``redis.Redis`` or ``redis.RedisCluster``.
-        ValueError: The client's encoding is not UTF-8 (lock keys, tokens and
-            the script's arguments are UTF-8 on every runtime), or the queue's
-            keys cannot share one slot of the cluster it talks to.
+        ValueError: The client's encoding is not UTF-8, or the queue's keys
+            cannot share one slot of the cluster it talks to.
     """
     if isinstance(conn, (redis.asyncio.Redis, redis.asyncio.RedisCluster)):
         sync = "RedisCluster" if isinstance(conn, redis.asyncio.RedisCluster) else "Redis"
@@ -347,10 +299,7 @@ def check_client(conn: object, keys: QueueKeys, timing: Timing, safety_margin: i
 
 
 def connection_kwargs(conn: object) -> dict[str, Any]:
-    """Return the keywords a client's connections are built with.
-
-    A one-server client keeps them on its pool, a cluster client on its nodes manager.
-    """
+    """Return the keywords a client's connections are built with (its pool's or nodes')."""
     pool = getattr(conn, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
     if kwargs is None:
@@ -375,10 +324,8 @@ def redacted_url(url: str) -> str:
 def describe_connection(conn: object) -> str:
     """Return the server a client or URL reaches, as a URL with the password masked.
 
-    For log lines and errors: ``rediss://user:***@host:6380/2``,
-    ``unix:///run/redis.sock?db=0``, or the first startup node of a cluster
-    client. A client whose pool does not name its server (a Sentinel-managed
-    one) is described by its type.
+    ``rediss://user:***@host:6380/2``, ``unix:///run/redis.sock?db=0``, a
+    cluster's first startup node, or else the client's type.
     """
     if isinstance(conn, str):
         return redacted_url(conn)
@@ -416,13 +363,7 @@ def _scheme_auth(scheme: str, kwargs: dict[str, Any]) -> str:
 
 
 def unreachable_message(conn: object, queue: str, exc: BaseException) -> str:
-    """Say that a manager cannot reach its server, where it looked, and what to check.
-
-    Args:
-        conn: The manager's client (or URL).
-        queue: The queue's name.
-        exc: The connection error or timeout.
-    """
+    """Say that a manager cannot reach its server, where it looked, and what to check."""
     where = describe_connection(conn)
     cause = " ".join(f"{type(exc).__name__}: {exc}".split())
     if isinstance(exc, redis.AuthenticationError):

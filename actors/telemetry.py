@@ -1,14 +1,9 @@
 """Optional OpenTelemetry spans: one ``extend_locks`` span per renewing tick.
 
-Active only when ``opentelemetry-api`` can be imported
-(``pip install 'echomq-actors[otel]'``). It is imported on the first renewing
-tick, not when :mod:`actors` is; without it nothing is imported and every call
-here is a no-op. Spans go to whatever tracer provider the application set up
-with ``opentelemetry.trace.set_tracer_provider``.
-
-Attribute names follow BullMQ's Node.js ``LockManager`` where it has one
-(``bullmq.queue.name``, ``bullmq.queue.operation``), so one dashboard filter
-catches the renewals of every runtime; the counts it does not record live under
+Active only when ``opentelemetry-api`` can be imported (``pip install
+'echomq-actors[otel]'``), on the first renewing tick; otherwise every call is a
+no-op. Attribute names follow BullMQ's Node.js ``LockManager`` where it has
+one, so one dashboard filter catches every runtime; the rest live under
 ``echomq.lock.*``.
 """
 
@@ -59,12 +54,10 @@ ATTR_CALLS = "echomq.lock.script_calls"
 #: Span attribute: the class name of the error that failed the tick
 #: (OpenTelemetry's semantic convention).
 ATTR_ERROR_TYPE = "error.type"
-
 #: Span attribute: how late the last timer tick ran against its grid, in ms.
 ATTR_LATENESS = "echomq.lock.tick_lateness_ms"
 #: Span attribute: the least time a due lock had left when renewed, in ms.
 ATTR_MARGIN = "echomq.lock.margin_ms"
-
 #: Most lost ids one span lists; the count is always exact.
 MAX_FAILED_IDS = 100
 
@@ -102,14 +95,7 @@ class TickSpan:
     def record(
         self, outcome: BatchOutcome | BaseException, calls: int, late_ms: float, margin_ms: float
     ) -> None:
-        """Record a renewal: its outcome or its error, the tick's lateness and the least margin.
-
-        Args:
-            outcome: What the renewer returned, or what it raised.
-            calls: The script calls sent.
-            late_ms: How late the tick ran, in ms.
-            margin_ms: The least time a due lock had left, in ms.
-        """
+        """Record a renewal's outcome (or error), the tick's lateness and least margin (ms)."""
         if isinstance(outcome, BaseException):
             self.error(outcome)
         else:
@@ -131,7 +117,6 @@ class TickSpan:
 
 
 def _get_tracer() -> Any:
-    """Return the tracer, or ``None`` when OpenTelemetry cannot be imported."""
     global _tracer  # noqa: PLW0603
     if _tracer is _UNSET:
         with _lock:
@@ -141,23 +126,14 @@ def _get_tracer() -> Any:
                 except ImportError:
                     _tracer = None
                 else:
-                    # A proxy until the application sets a provider, then its
-                    # tracer: the order of set-up does not matter.
+                    # A proxy until the application sets a provider: set-up order does not matter.
                     _tracer = trace.get_tracer("actors")
     return _tracer
 
 
 @contextlib.contextmanager
 def tick_span(queue: str, jobs: int) -> Iterator[TickSpan]:
-    """Open the span of one renewing tick.
-
-    Args:
-        queue: The queue's name.
-        jobs: How many due jobs the tick renews.
-
-    Yields:
-        The handle through which the tick records its outcome.
-    """
+    """Open the span of one tick renewing ``jobs`` due jobs; yield its :class:`TickSpan`."""
     tracer = _get_tracer()
     if tracer is None:
         yield TickSpan(None)

@@ -1,21 +1,13 @@
 """Where a bullmq ``Worker`` takes, gives up and moves its jobs, wrapped to keep them tracked.
 
-And the client its locks are renewed with, and what its close must wait for and stop.
-
-- The fetch (the ``moveToActive`` script, which takes a job and its lock)
-  runs on a thread with a client of its own, and tracks the job there as
-  soon as the server answers: a blocked loop delays neither.
-- ``getNextJob``: a job fetched but given up before its processor started is
-  let go.
-- The moves (completed, failed, retried, delayed, waiting-children): the job
-  stays tracked until the server answered, and a loss seen meanwhile is the
-  move's doing.
+Also the client its locks are renewed with, and what its close waits for and stops.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -52,7 +44,7 @@ logger = logging.getLogger("actors.bullmq")
 
 
 class Owner(Protocol):
-    """What the wrappers tell the worker's lock manager (an ``Owner``)."""
+    """What the wrappers tell the worker's lock manager."""
 
     lock_duration: int
     closing: bool
@@ -116,15 +108,13 @@ _CUT_S = 0.05
 class Fetcher:
     """bullmq's ``moveToActive`` script, run on a thread that tracks the job it takes.
 
-    The same script, keys and arguments, through a synchronous client copied
-    from the worker's own: never retried (a second run would take a second
-    job), and awaited as long as it takes, as the worker's client would. The
-    answer is decoded as the worker's client would have decoded it.
+    The same script and arguments, through a synchronous copy of the worker's
+    client: never retried (a second run would take a second job), awaited as
+    long as it takes, and decoded as the worker's client would.
     """
 
     def __init__(self, owner: Owner, script: Any, conn: redis.asyncio.Redis) -> None:
         self._owner = owner
-        # Connecting is bounded by a lock's length; the answer is awaited as long as it takes.
         timeout = owner.lock_duration / 1000
         self._client = client_like(conn, timeout=timeout, bounded=False, retries=0)
         self._script = self._client.register_script(script.script)
@@ -205,7 +195,6 @@ class Fetcher:
 
 
 def _decoded(reply: Any, decode: Callable[[Any], Any]) -> Any:
-    """Decode a reply as a client with the worker's decoding settings would have."""
     if isinstance(reply, list):
         return [_decoded(item, decode) for item in reply]
     return decode(reply)
@@ -216,17 +205,10 @@ def moving(
 ) -> Callable[..., Awaitable[Any]]:
     """Wrap a backend call that moves an active job away, deleting its lock.
 
-    The job stays tracked while the move is under way, and a loss reported
-    meanwhile is not reported on (the move deletes the lock; a tick may see it
-    gone before the answer arrives). Then:
-
-    - the move answered: the job moved, unless the answer is ``stays_when``
-      (``moveToWaitingChildren`` answers ``False`` when the job has no
-      pending children); a job that moved is untracked;
-    - the move raised (refused, timed out, connection lost, cancelled): the
-      server may have run it all the same, so the lock is read back off the
-      loop, and the job stays tracked if the lock still holds the run's
-      token, or if it cannot be read.
+    The job stays tracked, its loss unreported, while the move is under way;
+    an answer other than ``stays_when`` untracks it. If the move raises, the
+    job stays tracked if its lock, read back, holds the run's token or
+    cannot be read.
     """
     signature = inspect.signature(move)
 
@@ -244,8 +226,7 @@ def moving(
             stayed = answer is stays_when
             return answer
         except BaseException:
-            # No answer is no proof either way: a call cancelled or timed
-            # out after it was sent may have run on the server.
+            # No proof either way: a call cancelled after it was sent may have run.
             stayed = await owner.lock_held(job_id, token)
             raise
         finally:
@@ -259,9 +240,8 @@ def next_job(
 ) -> Callable[[str], Awaitable[Any]]:
     """Wrap ``Worker.getNextJob``: a job its fetch took but that is not handed on is let go.
 
-    What the fetch took is told through a context variable of the task, not
-    by token: bullmq 3.4 gives every fetch of one pass of its run loop the
-    same token.
+    Told through a context variable, not by token: bullmq 3.4 gives every
+    fetch of one pass of its run loop the same token.
     """
 
     @functools.wraps(get_next_job)
@@ -290,10 +270,8 @@ def hook_worker(worker: Any, owner: Owner) -> None:
     conn = getattr(backend, "conn", None)
     fetcher = None
     if isinstance(commands, dict) and _FETCH in commands and isinstance(conn, redis.asyncio.Redis):
-        try:
+        with contextlib.suppress(TypeError, AttributeError):
             fetcher = Fetcher(owner, commands[_FETCH], conn)
-        except (TypeError, AttributeError):
-            fetcher = None
     if fetcher is None:
         logger.warning(
             "queue %r: bullmq's fetch cannot run off the loop here; a job fetched beside a "
@@ -318,8 +296,6 @@ def hook_worker(worker: Any, owner: Owner) -> None:
         setattr(backend, name, moving(owner, move, stays_when=stays_when))
 
 
-# -- the renewal client, and the close --------------------------------------------
-
 #: Longest wait for the manager to stop when the worker closes, in seconds.
 _STOP_S = 10.0
 
@@ -332,9 +308,8 @@ def renewal_client(
 ) -> tuple[redis.Redis | redis.RedisCluster, bool]:
     """Return the client to renew the worker's locks with, and whether it was built here.
 
-    A client built here (from a URL, or from the worker's ``connection``
-    option) has timeouts that keep a failed tick well under one interval;
-    the caller closes it.
+    A client built here has timeouts that keep a failed tick under one
+    interval; the caller closes it.
 
     Raises:
         TypeError: A duration is not an ``int``, or the connection cannot be used.
@@ -371,8 +346,7 @@ def must_wait(worker: Any, runs: Iterable[Run]) -> bool:
     if getattr(worker, "forceClosing", False):
         return False
     running = bool(getattr(worker, "running", False))
-    # The worker's own processing tasks: a run tracked by other code (a
-    # test, a tool) is not the worker's to finish.
+    # The worker's own tasks: a run tracked by other code is not the worker's to finish.
     processing = getattr(worker, "processing", ())
     for run in runs:
         if run.task is not None and not run.task.done() and run.task in processing:
@@ -401,8 +375,7 @@ def stopper(
             try:
                 manager.stop(timeout=_STOP_S)
             except pykka.Timeout:
-                # The worker's close must end: say so, and leave the
-                # manager's daemon threads to the process.
+                # The close must end: say so, and leave the daemon threads to the process.
                 raise TimeoutError(
                     f"the lock manager of queue {name!r} did not stop within {_STOP_S:.0f} s"
                 ) from None

@@ -8,6 +8,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from actors.aio import call_in_loop
 from actors.api import start_link, track_job, untrack_job
 from actors.bullmq.hooks import attempt, must_wait, off_the_loop, renewal_client, stopper
 from actors.bullmq.runs import (
@@ -42,42 +43,29 @@ logger = logging.getLogger("actors.bullmq")
 class ActorLockManager:
     """bullmq-py's lock manager, renewing from a :class:`~actors.LockManager`'s threads.
 
-    It has the interface the ``Worker`` uses (``start``, ``track_job``,
-    ``untrack_job``, ``cancel_job``, ``cancel_all_jobs``, the counts and
-    ``close``) and behaves the same, with these differences:
+    It has the interface the ``Worker`` uses and behaves the same, except:
 
-    - renewal runs on the manager's threads (or in its child process, with
-      ``isolation="process"``), so a processor that blocks the worker's loop
-      keeps its lock, and so does every job fetched beside it;
-    - a job is tracked from the moment its lock is taken (bullmq's fetch runs
-      on a thread of its own) until bullmq's move of it is answered, whatever
-      the concurrency (installed by :func:`~actors.bullmq.use_actor_lock_manager`);
-      a lock the move deletes is no loss, and is neither logged nor counted;
-    - a job whose lock was lost (stolen, expired, unconfirmed, or taken again
-      by this worker) has its ``AbortSignal`` aborted with a reason starting
-      with :data:`LOCK_LOST`, and is no longer renewed: ``signal.aborted``
-      reads ``True`` from the moment the manager knows, right after a call
-      that blocked the loop too;
+    - renewal runs on the manager's threads (or its child process), so a
+      processor that blocks the loop keeps its lock, and so do the others;
+    - a job is tracked from the taking of its lock until its move is answered;
+    - a lost lock aborts the job's ``AbortSignal`` with a reason starting
+      with :data:`LOCK_LOST`; ``signal.aborted`` reads ``True`` as soon as
+      the manager knows, even right after a call that blocked the loop;
     - a graceful close goes on renewing every job the worker still
-      processes, a job fetched while it closes included, until bullmq has
-      moved it.
+      processes until bullmq has moved it.
 
-    Every method but :meth:`close` is called on the worker's event loop, as
-    the ``Worker`` does; the manager's reports reach the loop through
-    ``loop.call_soon_threadsafe``, so listeners run there too.
+    Every method but :meth:`close` runs on the worker's event loop, and so
+    do the listeners of the events it emits.
 
     Args:
         worker: The bullmq ``Worker``; its ``emit`` delivers the events.
-        lock_renew_time: Longest time between two renewals of a lock, in
-            milliseconds (the worker's ``lockRenewTime``); ``0`` or less turns
-            renewal off, as in bullmq-py.
-        lock_duration: The TTL each renewal sets, in milliseconds (the
-            worker's ``lockDuration``).
+        lock_renew_time: The worker's ``lockRenewTime``, in milliseconds;
+            ``0`` or less turns renewal off, as in bullmq-py.
+        lock_duration: The worker's ``lockDuration``, in milliseconds.
         worker_id: The worker's id, for diagnostics.
         worker_name: The worker's name, if it has one.
-        connection: The client to renew with: a ``redis.Redis``, a
-            ``redis.RedisCluster`` or a URL. When ``None``, a client with
-            bounded timeouts is built from the worker's ``connection`` option.
+        connection: A ``redis.Redis``, a ``redis.RedisCluster`` or a URL; when
+            ``None``, built from the worker's ``connection`` option.
         max_batch: Most ids per script call (see :func:`actors.start_link`).
         isolation: ``"thread"`` or ``"process"`` (see :func:`actors.start_link`).
 
@@ -145,12 +133,9 @@ class ActorLockManager:
     def tracked_jobs(self) -> dict[str, dict[str, Any]]:
         """A snapshot of the tracked jobs, shaped as bullmq-py's attribute.
 
-        Each id maps to ``{"token", "ts", "abort_controller"}``. Changing the
-        snapshot changes nothing: use :meth:`track_job` and :meth:`untrack_job`.
+        Each id maps to ``{"token", "ts", "abort_controller"}``; changing it changes nothing.
         """
         return self._runs.snapshot()
-
-    # -- the interface the Worker uses ----------------------------------
 
     def start(self) -> None:
         """Start the manager, on the worker's running loop. Idempotent.
@@ -185,20 +170,14 @@ class ActorLockManager:
     ) -> LockController | None:
         """Renew ``job_id``'s lock, held with ``token``, from now on.
 
-        bullmq calls it when the job's processor task starts. A job the fetch
-        already tracked keeps the time its lock was taken, and gets its
-        controller; a controller made for a lock already lost starts aborted.
-
-        Args:
-            job_id: The job's id.
-            token: The token its lock holds.
-            ts: When the job became active, in wall-clock milliseconds.
-            should_create_controller: Create an ``AbortController`` for the
-                processor's signal.
+        bullmq calls it when the job's processor task starts, with ``ts`` in
+        wall-clock milliseconds. A job the fetch already tracked keeps the
+        time its lock was taken; a controller made for a lock already lost
+        starts aborted.
 
         Returns:
-            The controller, or ``None`` when none was asked for, the job id is
-            empty or the manager is closed.
+            The ``AbortController`` if ``should_create_controller`` (``None``
+            when closed, or for an empty id).
         """
         if self.closed or not job_id:
             return None
@@ -219,10 +198,8 @@ class ActorLockManager:
     def untrack_job(self, job_id: str) -> None:
         """Stop renewing ``job_id``'s lock: bullmq has moved the job, or gave it up.
 
-        bullmq calls it by id when a run of the job ends, after its move was
-        answered. When the job was taken again meanwhile (a job handed back to
-        this worker, with a new token), the old run's call leaves the new
-        run's lock alone.
+        bullmq calls it when a run ends; a new run of the job (taken again,
+        with a new token) is left alone.
         """
         job_id = str(job_id)
         run = self._runs.get(job_id)
@@ -231,11 +208,7 @@ class ActorLockManager:
             self._runs.release(job_id, run.token)
 
     def cancel_job(self, job_id: str, reason: str | None = None) -> bool:
-        """Abort ``job_id``'s signal with ``reason``.
-
-        Returns:
-            Whether the job is tracked and has a controller.
-        """
+        """Abort ``job_id``'s signal with ``reason``; return whether it is tracked with one."""
         run = self._runs.get(str(job_id))
         if run is None or run.controller is None:
             return False
@@ -264,27 +237,21 @@ class ActorLockManager:
         """Stop renewing and forget every job, once bullmq has moved them. Idempotent.
 
         A graceful close goes on renewing every job the worker still
-        processes (one whose fetch was answered while closing included) until
-        its move is answered; a forced one (``worker.close(force=True)``)
-        stops at once. The manager, the fetch thread and the clients built
-        here are then stopped off the loop, on a thread that has ended when
-        this returns. Every call, the worker's and its ``run()``'s, waits for
-        that one shutdown.
+        processes until its move is answered; ``worker.close(force=True)``
+        stops at once. Threads and clients are then stopped off the loop;
+        every call waits for that one shutdown.
         """
         self.closing = True
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            # Closed outside any loop: a worker's run() finalized by the
-            # garbage collector after its loop was closed. Stop here.
+            # No loop: a run() finalized by the garbage collector after its loop closed.
             self._finish(attempt(self._release_all()))
             return
         if self._shutdown is None:
             self._shutdown = asyncio.ensure_future(self._shut_down())
         self._poke()
         await asyncio.shield(self._shutdown)
-
-    # -- closing ----------------------------------------------------------
 
     async def _shut_down(self) -> None:
         while self.manager is not None and must_wait(
@@ -301,7 +268,7 @@ class ActorLockManager:
             self._changed.set()
 
     def _release_all(self) -> Callable[[], None]:
-        """Forget every job; return what stops the threads and clients, to run off the loop."""
+        """Forget every job; return what stops the threads and clients, off the loop."""
         self.closed = True
         self._runs.clear()
         self._signals.clear()
@@ -315,11 +282,8 @@ class ActorLockManager:
         if failure is not None:
             self._runs.emit("error", failure)
 
-    # -- the manager: told from its delivery thread, heard on the loop ---------------
-
     def _track(self, job_id: str, token: str, taken_ms: int) -> None:
-        """Tell the manager to renew a lock, taken at ``taken_ms`` (monotonic milliseconds)."""
-        # Watched, by this object (see tell): trusted only until its deadline.
+        # Watched by this object (see tell): trusted only until its deadline.
         if self.manager is not None:
             track_job(self.manager, job_id, token, ts=taken_ms, notify=self)
 
@@ -331,8 +295,8 @@ class ActorLockManager:
     def tell(self, message: object) -> None:
         """Hear of a lost lock from the manager, as every job's ``notify`` target.
 
-        Told on the manager's delivery thread: the run's signal reads aborted
-        at once, and the loop aborts it for its waiters and emits the events.
+        On the manager's delivery thread: the run's signal reads aborted at
+        once; the loop then aborts it for its waiters and emits the events.
         """
         if isinstance(message, LockLost):
             signal = self._signals.get((message.job_id, message.token))
@@ -341,13 +305,8 @@ class ActorLockManager:
             self._to_loop(self._on_lost, [(message.job_id, message.token, message.reason)])
 
     def _to_loop(self, callback: Callable[..., object], *args: object) -> None:
-        """Hand ``callback(*args)`` to the worker's loop from another thread, and return."""
         loop = self._loop
-        if loop is None or self.closed:
-            return
-        try:
-            loop.call_soon_threadsafe(callback, *args)
-        except RuntimeError:
+        if loop is not None and not self.closed and not call_in_loop(loop, callback, *args):
             logger.debug("worker loop of queue %r closed; report dropped", self._keys.name)
 
     def _lost_from_thread(self, lost: list[LostLock]) -> None:
@@ -367,12 +326,9 @@ class ActorLockManager:
         if not self.closed:
             self._runs.emit("locksRenewed", {"count": len(job_ids), "jobIds": job_ids})
 
-    # -- runs: taken, moving, moved ----------------------------------------
-
     def taken(self, job_id: str, token: str, sent_ms: int, sent_wall_ms: int) -> None:
         """Track a job the fetch took; runs on the fetch thread, when the server answers."""
-        # The loop hears of the run before the manager can report on it:
-        # calls handed to the loop keep their order.
+        # Handed to the loop first: the manager's reports on the run come after.
         self._to_loop(self._fetched, job_id, Run(token, sent_wall_ms))
         self._track(job_id, token, sent_ms)
 
@@ -415,19 +371,17 @@ class ActorLockManager:
     def release_unstarted(self, job_id: str, token: str) -> None:
         """Untrack the run of ``job_id`` fetched with ``token`` if its processor never started.
 
-        bullmq gave up on the job between its fetch and its processor (an
-        ``active`` listener raised, the job's data could not be read): its
-        lock is left to expire, and a stalled check hands it on.
+        bullmq gave up on the job before its processor (an ``active``
+        listener raised, unreadable data): its lock is left to expire.
         """
         self._runs.release_unstarted(job_id, token)
 
     async def lock_held(self, job_id: str, token: str) -> bool:
         """Whether the job's lock still holds ``token``; ``True`` when it cannot be read.
 
-        Read with the renewal client, whose timeouts are bounded, on a thread
-        of this manager's: the loop goes on meanwhile. An unreadable lock
-        counts as held: renewing a lock that is gone costs one report, leaving
-        a held one unrenewed loses the job.
+        Read off the loop with the bounded renewal client. Unreadable counts
+        as held: renewing a lock that is gone costs one report, leaving a held
+        one unrenewed loses the job.
         """
         if self.closed or self.connection is None:
             return True

@@ -1,8 +1,7 @@
 """The runs a bullmq worker holds, from the fetch that takes each lock to its move.
 
-A run is one job held with one token. The table of runs is read and changed
-on the worker's event loop; what it reports (a lost lock, renewed locks) goes
-to the worker as bullmq-py's events and to the processor's ``AbortSignal``.
+A run is one job held with one token, kept on the worker's event loop; its
+losses go to the worker as bullmq-py's events and to the ``AbortSignal``.
 """
 
 from __future__ import annotations
@@ -50,12 +49,10 @@ RUN_TOKEN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 class LockSignal(AbortSignal):  # type: ignore[misc]
     """bullmq's ``AbortSignal``, aborted from any thread once the manager knows the lock is lost.
 
-    bullmq's own signal is an ``asyncio.Event``, set on the worker's loop
-    only: behind a processor that blocks the loop it would read ``False``
-    until the processor awaits again. This one also keeps the loss in a plain
-    attribute, written by the manager's delivery thread (one store, read
-    anywhere), so ``signal.aborted`` reads ``True`` right after a call that
-    blocked the loop. Waiters of :meth:`wait` wake once the loop runs.
+    bullmq's own signal is an ``asyncio.Event``, set on the loop only, so it
+    reads ``False`` behind a processor that blocks the loop. This one also
+    keeps the loss in a plain attribute the manager's delivery thread writes;
+    waiters of :meth:`wait` wake once the loop runs.
     """
 
     def __init__(self) -> None:
@@ -121,11 +118,8 @@ def monotonic_from_wall(wall: int) -> int:
 class Runs:
     """The table of runs, by job id; used on the worker's loop only.
 
-    Args:
-        worker: The bullmq ``Worker``; its ``emit`` delivers the events.
-        name: The queue's name, for the log.
-        untrack: Stops the manager renewing a job's lock held with a token.
-        changed: Called whenever a run ends, so a close waiting for it looks again.
+    ``untrack(job_id, token)`` stops the renewal of a run's lock; ``changed()``
+    is called whenever a run ends, so a close waiting for it looks again.
     """
 
     def __init__(
@@ -175,12 +169,7 @@ class Runs:
         controller: AbortController | None,
         task: asyncio.Task[Any] | None,
     ) -> bool:
-        """Record that the job's processor started; return whether it is a new run.
-
-        A run the fetch already recorded keeps the time its lock was taken
-        and gets the controller; a controller for a lock already lost starts
-        aborted.
-        """
+        """Record that the job's processor started; return whether it is a new run."""
         run = self._runs.get(job_id)
         if run is None or run.token != token:
             self.replace(job_id, Run(token, ts, controller, task=task))
@@ -202,8 +191,7 @@ class Runs:
         old = self._runs.get(job_id)
         self._runs[job_id] = run
         if old is not None and old.token != run.token and not old.moving and old.lost is None:
-            # The job was handed back and this worker took it again: the
-            # old run's lock is gone, and its processor must hear so.
+            # Taken again by this worker: the old run's processor must hear its lock is gone.
             self._report_lost([(job_id, old, _TAKEN_AGAIN)])
 
     def moving(self, job_id: str, token: str) -> bool:
@@ -243,10 +231,9 @@ class Runs:
         reported = []
         for job_id, token, why in lost:
             run = self._runs.get(job_id)
-            # Gone, or found expired while moving: bullmq moved the job (or is
-            # moving it), and the move deleted its lock. Another token: the
-            # report is about an earlier run of a job taken again, told when
-            # it was replaced. A steal is a loss even during a move.
+            # Gone, or expired while moving: the move deleted its lock. Another
+            # token: an earlier run, told when it was replaced. A steal is a
+            # loss even during a move.
             moved = run is not None and run.moving and why == "expired"
             if run is None or run.lost is not None or moved or token != run.token:
                 continue
