@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import sys
 import threading
 import time
@@ -203,6 +204,8 @@ class ManagerRef(pykka.ActorRef[Any]):
     def __init__(self, actor: Any, manager: _Manager) -> None:
         super().__init__(actor)
         self._manager = manager
+        #: The process the manager runs in: a fork inherits the reference, not the threads.
+        self._pid = os.getpid()
         self._warned = False
         #: Held while a stop is put in the mailbox, so the first one put is known.
         self._stop_lock = threading.Lock()
@@ -227,6 +230,10 @@ class ManagerRef(pykka.ActorRef[Any]):
         """
         return self._manager.trusted_for(safety_margin)
 
+    def is_alive(self) -> bool:
+        """Whether the manager runs, in this process (never in a fork of the one it started in)."""
+        return os.getpid() == self._pid and super().is_alive()
+
     def tell(self, message: Any) -> None:
         """Send ``message``; checks it in this thread first.
 
@@ -235,7 +242,9 @@ class ManagerRef(pykka.ActorRef[Any]):
             ValueError: Likewise, for values out of range.
             AttributeError: A proxy call of something that is not an operation.
             ManagerStopped: The manager is stopped.
+            RuntimeError: Sent from a fork of the process the manager runs in.
         """
+        self._here()
         message = admit(message, self._manager.clock)
         try:
             # The manager's mailbox refuses a message once it begins to stop.
@@ -251,11 +260,13 @@ class ManagerRef(pykka.ActorRef[Any]):
             ValueError: Likewise, for values out of range.
             AttributeError: A proxy call of something that is not an operation.
             RuntimeError: Asked from the manager's own thread, which would
-                wait for itself (a ``clock`` or ``timer`` seam that asks).
+                wait for itself (a ``clock`` or ``timer`` seam that asks), or
+                from a fork of the process the manager runs in.
             ManagerStopped: The manager is stopped (raised by ``get`` when
                 ``block=False``).
             pykka.Timeout: No answer within ``timeout`` seconds.
         """
+        self._here()
         message = admit(message, self._manager.clock)
         if threading.current_thread() is self._manager.thread:
             raise RuntimeError(
@@ -293,9 +304,14 @@ class ManagerRef(pykka.ActorRef[Any]):
             stopping already, or another call's stop came first). With
             ``block=False``, a future of that, set once the stop is handled.
 
+        In a fork of the process the manager runs in there is nothing to
+        stop: ``False`` at once (the manager in the parent runs on).
+
         Raises:
             pykka.Timeout: Not stopped within ``timeout`` seconds.
         """
+        if os.getpid() != self._pid:
+            return _done(False) if not block else False
         reply: pykka.ThreadingFuture[Any] = pykka.ThreadingFuture()
         try:
             first = self._send_stop(reply)
@@ -328,6 +344,14 @@ class ManagerRef(pykka.ActorRef[Any]):
                 f"LockManager for queue {self.queue_name!r} did not stop within {timeout} s"
             ) from None
         return first
+
+    def _here(self) -> None:
+        """Refuse a message sent from a fork: no thread of the manager runs there."""
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                f"LockManager for queue {self.queue_name!r} runs in process {self._pid}, not in "
+                f"this fork of it ({os.getpid()}): start a manager in this process"
+            )
 
     def _stopped(self) -> ManagerStopped:
         return ManagerStopped(f"LockManager for queue {self.queue_name!r} is stopped")
@@ -386,6 +410,12 @@ def require_manager(manager: object) -> ManagerRef:
             f"got {type(manager).__name__}"
         )
     return manager
+
+
+def _done(value: bool) -> pykka.ThreadingFuture[bool]:
+    future: pykka.ThreadingFuture[bool] = pykka.ThreadingFuture()
+    future.set(value)
+    return future
 
 
 def _after(reply: pykka.Future[Any], timeout: float | None, first: bool) -> bool:

@@ -8,6 +8,7 @@ refused before it reaches the manager. Nothing here reaches Redis.
 from __future__ import annotations
 
 import inspect
+import os
 from typing import TYPE_CHECKING
 
 import pytest
@@ -155,3 +156,46 @@ def test_a_message_refused_is_refused_before_the_stopped_check(manager: ManagerR
     stop(manager)
     with pytest.raises(ValueError, match="token"):
         api.track_job(manager, "j", "")
+
+
+# -- a fork of the process ---------------------------------------------------------
+
+
+def _in_a_fork(manager: ManagerRef) -> list[str]:
+    """What each door does in a fork of this process, as lines read back through a pipe."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the fork: try every door, say what happened, leave at once
+        said = []
+        for door in (
+            lambda: api.track_job(manager, "forked", "t"),
+            lambda: manager.tell(messages.UntrackJob("forked")),
+            lambda: api.get_active_job_count(manager, timeout=1),
+        ):
+            try:
+                door()
+                said.append("accepted")
+            except RuntimeError as exc:
+                said.append("refused: fork" if "fork" in str(exc) else f"refused: {exc}")
+            except BaseException as exc:
+                said.append(f"{type(exc).__name__}: {exc}")
+        said.append(f"is_alive {manager.is_alive()}, stop {stop(manager, timeout=1)}")
+        os.write(write, "\n".join(said).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as answer:
+        return answer.read().splitlines()
+
+
+def test_a_fork_is_refused_at_every_door_and_the_manager_runs_on(manager: ManagerRef) -> None:
+    # A fork inherits the reference but none of the manager's threads: a
+    # track there was once accepted and its lock never renewed, unreported.
+    assert _in_a_fork(manager) == [
+        "refused: fork",
+        "refused: fork",
+        "refused: fork",
+        "is_alive False, stop False",
+    ]
+    assert manager.is_alive()
+    assert api.get_active_job_count(manager) == 0
