@@ -1,11 +1,7 @@
 """What a manager decides, as pure functions over its books: no I/O, no threads, no user code.
 
-:class:`Books` holds a manager's :class:`~actors.jobs.JobTable` and its memory
-of lost locks, and makes every decision a tick or a message calls for: a
-track, an untrack, the hold limits, the deadlines of watched locks, the
-answer of a renewal, the holders that died, the end. Each decision changes
-the books and adds what is to be said to a :class:`Report`; the manager
-delivers the report once its step is done.
+Each decision changes the books and adds what is to be said to a
+:class:`Report`; the manager delivers the report once its step is done.
 """
 
 from __future__ import annotations
@@ -58,14 +54,7 @@ class Report:
 
 
 class Books:
-    """A manager's job table and its memory of lost locks, and the decisions over them.
-
-    Args:
-        lock_duration: The locks' TTL in ms.
-        safety_margin: The default margin of a watched lock's deadline, in ms.
-        validity: Builds each watched lock's deadline record (see
-            :class:`~actors.jobs.Deadlines`).
-    """
+    """A manager's job table and its memory of lost locks, and the decisions over them."""
 
     __slots__ = ("jobs", "lost")
 
@@ -77,8 +66,6 @@ class Books:
     ) -> None:
         self.jobs = JobTable(lock_duration, safety_margin, validity)
         self.lost = LostLocks()
-
-    # -- messages ----------------------------------------------------------------
 
     def track(
         self,
@@ -94,10 +81,9 @@ class Books:
     ) -> bool:
         """Add a claim; return whether it was made (not a lock lost lately, tracked again).
 
-        A lock lost lately is not renewed again, nor reported again: a target
-        that did not hear of it yet hears now, once. A new token on a lock
-        somebody waits on ends the old lock's claims: each of its targets
-        learns that another run of the job holds it now (``"stolen"``).
+        A lock lost lately is neither renewed nor reported again; a target that
+        did not hear of it yet hears now, once. A new token on a watched lock
+        tells the old lock's targets ``"stolen"``.
         """
         lost = self.lost
         known = lost.get(job_id, token) if lost else None
@@ -124,8 +110,6 @@ class Books:
         # The target is only compared by identity: none of its code runs here.
         return self.jobs.untrack(job_id, token, notify)
 
-    # -- what a tick looks at -----------------------------------------------------
-
     def expire_holds(self, now: int, report: Report) -> None:
         """End the claims past their hold limit; a lock with none left is let go, and reported."""
         jobs = self.jobs
@@ -143,10 +127,7 @@ class Books:
     def unconfirmed(self, now: int, report: Report, *, why: str = "") -> list[str]:
         """Let go of the watched locks past their deadline at ``now``; return their ids.
 
-        Args:
-            now: Monotonic ms (after a renewal, when its answer was read).
-            report: Where the losses go.
-            why: What else was measured (failed ticks, a pause), to add to each loss's detail.
+        ``why`` (failed ticks, a pause) is added to each loss's detail.
         """
         jobs = self.jobs
         if not jobs.valid:
@@ -176,26 +157,16 @@ class Books:
     ) -> None:
         """Stamp the renewed locks at ``at``, untrack the lost ones, and say both in ``report``.
 
-        A renewal that raised renews nothing and loses nothing: every job keeps
-        its stamp, and the next try takes them all again. So does each job of a
-        chunk that did not run. Only ids of this batch count, and only while
-        the table still holds them with the batch's token (the renewal ran
-        while the manager went on: an untrack, or a new token, came first): a
-        renewer's report of any other is dropped, and an id reported twice is
-        lost once. The renewals confirmed then move the watched locks'
-        deadlines on, unless their answer came after a deadline (that lock is
-        let go, ``"unconfirmed"``, and is not reported renewed).
+        A renewal that raised, or a chunk that did not run, renews and loses
+        nothing: its jobs keep their stamps for the next try. Only ids of this
+        batch still held with the batch's token count (an untrack or a new
+        token may have come first), and an id reported twice is lost once. A
+        watched lock whose renewal's answer (read at ``answered``, monotonic
+        ms) came after its deadline is let go, ``"unconfirmed"``.
 
-        Args:
-            due: The batch's ids, as :meth:`~actors.jobs.JobTable.due` gave them.
-            tokens: Their tokens, in the same order.
-            outcome: What the renewer returned, or what it raised.
-            at: The tick's time, in monotonic ms: the renewed locks' new stamp.
-            answered: When the renewer's answer was read, in monotonic ms.
-            report: Where the renewals, the losses and the error go.
-            changes: The table's :attr:`~actors.jobs.JobTable.changes` when the
-                batch was taken; ``None`` if it cannot have changed since.
-            why: What else was measured, for the detail of a late answer's loss.
+        ``changes`` is the table's :attr:`~actors.jobs.JobTable.changes` when
+        the batch was taken (``None``: it cannot have changed since); ``why``
+        is added to the detail of a late answer's loss.
         """
         jobs = self.jobs
         late = "a renewal's answer came only after the deadline"
@@ -258,9 +229,8 @@ class Books:
     def bury(self, report: Report) -> tuple[list[str], list[tuple[str, str]]]:
         """End the claims of targets that are no longer alive: a pykka monitor's ``DOWN``.
 
-        A target is dead when it is a ``pykka.ActorRef`` whose actor stopped
-        or crashed (pykka's own ``is_alive``: an override is never called);
-        any other target is taken as alive. Nobody is told: the holder is gone.
+        A target is dead when it is a ``pykka.ActorRef`` whose actor stopped or
+        crashed; any other is taken as alive. Nobody is told: the holder is gone.
 
         Returns:
             The ids whose claims ended, and the ``(job_id, token)`` of each lock
@@ -287,8 +257,6 @@ class Books:
             if ended is not None:
                 self._tell(job_id, ended, MANAGER_STOPPED, "the manager stopped", report)
 
-    # -- losses ------------------------------------------------------------------
-
     def forget(
         self,
         job_id: str,
@@ -298,15 +266,7 @@ class Books:
         token: str | None = None,
         detail: str = "",
     ) -> None:
-        """Untrack a job whose lock is lost, tell each of its targets, and report the loss.
-
-        Args:
-            job_id: The job's id.
-            reason: Why the lock is lost.
-            report: Where the loss and the tells go.
-            token: The lost lock's token, when the caller knows it.
-            detail: One line of what was measured.
-        """
+        """Untrack a job whose lock is lost, tell each of its targets, and report the loss."""
         ended = self.jobs.untrack(job_id, everyone=True)
         held = token or (ended.token if ended is not None else "")
         if ended is not None:
@@ -341,6 +301,5 @@ def _by_any_of(targets: list[Notify]) -> Callable[[Claim], bool]:
 
 
 def _alive(target: object) -> bool:
-    # pykka's own answer, the read of an event: a target's own code could
-    # block or raise anything, and no user code runs on the manager's thread.
+    # pykka's own answer, the read of an event: a target's own code could block or raise.
     return not isinstance(target, pykka.ActorRef) or pykka.ActorRef.is_alive(target)

@@ -1,9 +1,6 @@
 """The tracked jobs of one manager: their locks, who claims each, and until when each is trusted.
 
-Pure bookkeeping: no I/O, no threads. A :class:`JobTable` holds each lock's
-token and stamp, the :class:`Claim` of each holder, the :class:`Validity` of
-each watched lock; :class:`LostLocks` remembers the locks lost lately, so a
-lost lock is neither renewed nor reported twice.
+Pure bookkeeping: no I/O, no threads.
 """
 
 from __future__ import annotations
@@ -31,9 +28,6 @@ __all__ = [
     "LostLocks",
     "Validity",
 ]
-
-
-# -- claims --------------------------------------------------------------------
 
 
 class Claim(NamedTuple):
@@ -82,11 +76,9 @@ PLAIN_ONLY: Final = (PLAIN,)
 
 
 def _with_claim(claims: tuple[Claim, ...], claim: Claim) -> tuple[Claim, ...]:
-    """Return ``claims`` with ``claim`` added, or merged into the one its target made before.
+    """Return ``claims`` with ``claim`` added, or merged into its target's earlier one.
 
-    A claim made again is the same claim: it keeps its place and its hold
-    end, which cannot slide; it only gains one it did not have, and takes
-    the new word on whether its holder is releasing the lock.
+    A claim made again keeps its place and its hold end, which cannot slide.
     """
     # By identity: an actor's ``actor_ref`` is one object, and comparing
     # with ``==`` would run a target's own code on the manager's thread.
@@ -109,19 +101,11 @@ def _split(
     )
 
 
-# -- until when a watched lock is trusted ---------------------------------------
-
-
 class Validity:
     """Until when one watched lock is certainly still held at the server: shared, read anywhere.
 
     One per watched lock, written only on the manager's thread; a lease
     reads :attr:`deadline` from the job's thread (two attribute reads, no lock).
-
-    Args:
-        confirmed: Monotonic ms at which the last confirmed renewal was sent
-            (or the lock taken).
-        span: How long after that the lock is trusted: ``lock_duration - margin``.
     """
 
     __slots__ = ("confirmed", "span")
@@ -145,12 +129,7 @@ class Validity:
 
 
 class Deadlines:
-    """The watched locks' :class:`Validity`, by job id, and the earliest of their deadlines.
-
-    Args:
-        validity: Builds a lock's record from ``(job_id, confirmed, span)``;
-            :class:`Validity` by default.
-    """
+    """The watched locks' :class:`Validity`, by job id, and the earliest of their deadlines."""
 
     __slots__ = ("earliest", "new", "valid")
 
@@ -187,12 +166,7 @@ class Deadlines:
         """Move each deadline to its lock's last confirmed renewal; return the ids past it.
 
         A lock whose deadline came at or before ``now`` is returned even if a
-        renewal of it was just confirmed: at its deadline nobody had
-        confirmed it, and a job that looked then was told it may be lost.
-
-        Args:
-            stamps: Each tracked lock's last renewal (or taking), in monotonic ms.
-            now: Monotonic ms, read after the renewals' answer came.
+        renewal of it was just confirmed: a job that looked then was told it may be lost.
         """
         overdue: list[str] = []
         earliest: int | None = None
@@ -209,31 +183,16 @@ class Deadlines:
         return overdue
 
 
-# -- the table -------------------------------------------------------------------
-
-
 class JobTable:
     """Each tracked job's token, when its lock was last known fresh, and who claims it.
 
     Two flat dicts (id to token, id to monotonic ms) rather than a record per
-    job: CPython's garbage collector does not track dicts that hold only
-    strings and ints, so 100,000 tracked jobs add nothing to each collection,
-    and stamping a tick's renewals stores one shared int, allocating nothing
-    per job. A job tracked once, plainly and without a hold limit, has one
-    implicit claim; the few with more (a ``notify`` target, a lease, a hold
-    limit) keep their :class:`Holders` in a third dict, and each lock somebody
-    watches has a :class:`Validity`.
+    job: CPython's garbage collector does not track dicts of only strings and
+    ints, and stamping a tick's renewals stores one shared int. The few jobs
+    with more than the one plain claim keep their :class:`Holders` in a third dict.
 
-    A lock not yet renewed goes first in its tick's batch. A batch of every
-    job takes a while (about a second for 100,000), and a job tracked during
-    the previous one would otherwise sit at its end, renewed that long after
-    it was due; the jobs renewed before keep their place, so their gaps do
-    not change.
-
-    Args:
-        lock_duration: The locks' TTL in ms.
-        safety_margin: The default margin of a watched lock's deadline, in ms.
-        validity: Builds each watched lock's :class:`Validity` (see :class:`Deadlines`).
+    A lock not yet renewed goes first in its tick's batch: a job tracked during
+    a long batch (about a second for 100,000) is not renewed a batch late.
     """
 
     __slots__ = (
@@ -313,24 +272,11 @@ class JobTable:
     ) -> tuple[str, tuple[Notify, ...]] | None:
         """Add a claim on a job's lock.
 
-        A claim is named by its target (``notify``, compared by identity; the
-        plain claim has none). The same token again is the same lock: it keeps
-        its older stamp (a job tracked over and over, by a progress hook, is
-        still renewed on time), and every other claim; a claim made again is
-        the same claim, whose hold end cannot slide. A new token is a new
-        lock: every claim of the old one ends.
-
-        Args:
-            job_id: The job's id.
-            token: The value its lock holds.
-            ts: When the lock was taken, in monotonic ms.
-            notify: Who makes the claim and is told of the lock's loss, or
-                ``None`` for the plain claim.
-            max_hold: Most ms to renew the lock for this claim, from ``ts``,
-                or ``None`` for no limit.
-            keep: End the claim only by an untrack that names ``notify``.
-            margin: The claim's safety margin in ms (``None``: the table's).
-            releasing: The holder is deleting the lock itself (see :class:`Claim`).
+        A claim is named by its target (``notify``, compared by identity). The
+        same token again is the same lock: it keeps its older stamp (a progress
+        hook's tracks never delay a renewal) and its claims. A new token is a
+        new lock: every claim of the old one ends. ``ts`` (when the lock was taken)
+        is monotonic ms; ``max_hold`` counts ms from it. The rest are :class:`Claim`'s.
 
         Returns:
             When a new token replaces a lock somebody waits on: the old token
@@ -383,13 +329,8 @@ class JobTable:
     ) -> Ended | None:
         """End claims on a job's lock (only if it holds ``token``, when given).
 
-        Args:
-            job_id: The job's id.
-            token: The token the lock must hold, or ``None`` for any.
-            notify: End only the claim this target made. ``None`` ends every
-                claim but those kept for their target (the leases'): the
-                plain claim and every ``notify`` target's.
-            everyone: End every claim (the lock is lost).
+        ``notify`` ends only that target's claim; ``None`` ends every claim not
+        kept for its target (the leases'); ``everyone`` ends them all (the lock is lost).
 
         Returns:
             What ended, or ``None`` if the job was not tracked (with that token).
@@ -483,13 +424,10 @@ class JobTable:
 
         A job is due when ``ts + threshold < now``; a job somebody waits on
         (a ``notify`` target: a lease, a job actor) is checked at every tick,
-        ``ts < now``, so that a lost lock is found within one interval: those
-        jobs cost twice the renewals of the others, the price of being told
-        in time.
+        ``ts < now``, so that a lost lock is found within one interval.
         """
         stamps, tokens = self.stamps, self.tokens
-        # One mask for both: the two dicts gain and lose the same keys at the
-        # same moments, so they keep the same order.
+        # One mask for both: the two dicts gain and lose keys together, in one order.
         mask = due_mask(stamps, now, threshold)
         due = list(compress(stamps, mask))
         due_tokens = list(compress(tokens.values(), mask))
@@ -511,8 +449,7 @@ class JobTable:
     ) -> tuple[list[str], list[str]]:
         stamps, watches = self.stamps, self.watches
         cutoff = now - threshold
-        # The fresh jobs in ``due``: old enough, or watched and checked at
-        # every tick (the rule above); found without a pass over ``due``.
+        # The fresh jobs in ``due`` (the rule above), found without a pass over ``due``.
         first = [
             job_id
             for job_id in self.fresh
@@ -528,8 +465,7 @@ class JobTable:
         first_tokens = list(map(self.tokens.__getitem__, first))
         count = len(first)
         if due[-count:] == first:
-            # As a rule the fresh jobs are the newest, last in tracking
-            # order: moving them is a slice, not a pass over the batch.
+            # As a rule the fresh jobs are the newest, last: moving them is a slice.
             return first + due[:-count], first_tokens + due_tokens[:-count]
         fresh = self.fresh
         rest = [i for i, job_id in enumerate(due) if job_id not in fresh]
@@ -561,8 +497,6 @@ class JobTable:
         ]
 
 
-# -- the locks lost lately -----------------------------------------------------
-
 #: How many lost ``(job, token)`` pairs a manager remembers, the oldest
 #: forgotten first: a lock tracked again within that many losses of its own
 #: is neither renewed nor reported again.
@@ -572,16 +506,9 @@ RECENTLY_LOST: Final = 10_000
 class LostLocks:
     """The recently lost locks, by ``(job, token)``: at most ``size``, the least recent forgotten.
 
-    Each is remembered with why it was lost (``None`` while it is still
-    renewed for other claims: only some of its claims ended) and who was
-    told (``None`` for the plain claim). A lost lock is never held again with
-    the same token (a new run of the job takes a new one), so only the recent
-    ones are needed, for a holder that tracks its lost lock again (a progress
-    hook, a target that tracks in its ``tell``): that must not start the
-    lock's renewal, or its reports, over again.
-
-    Args:
-        size: Most pairs remembered.
+    Each with why it was lost (``None`` while other claims still renew it)
+    and who was told, so that a holder tracking its lost lock again (a progress
+    hook) restarts neither its renewal nor its reports.
     """
 
     __slots__ = ("_lost", "size")

@@ -3,17 +3,11 @@
 Each message is a small immutable record, one per intent, for
 ``ActorRef.tell`` and ``ActorRef.ask``. Most code never builds them: the
 module helpers (:func:`actors.track_job`, ...) and ``manager.proxy()`` do the
-same with less typing. Job actors that already speak in messages may send
-them directly.
+same with less typing.
 
 A message checks its own fields when it is built, so bad input fails in the
 caller's thread with the same ``TypeError`` or ``ValueError`` whichever door
-it came through. Once built it is trusted: the manager keeps what it carries.
-
-A lost lock is told as a :class:`LockLost` (an exception a lease raises, and
-the message a ``notify`` target receives); ``on_lock_renewal_failed`` gets
-each lost job's id as a :class:`LostLock`, a ``str`` carrying that
-:class:`LockLost`.
+it came through.
 """
 
 from __future__ import annotations
@@ -46,8 +40,6 @@ __all__ = [
 ]
 
 
-# -- why a lock is lost --------------------------------------------------------
-
 #: The lock holds another token, or the key holds something that is not a token.
 STOLEN: Final = "stolen"
 #: The lock key is gone: it expired, or somebody deleted it.
@@ -72,16 +64,14 @@ class LockLost(Exception):
 
     A job actor that tracked its job with ``notify=self.actor_ref`` receives
     this once, as a message, when the lock is lost (like an Erlang monitor's
-    ``DOWN``). Its fields are read-only. Two losses are equal when job, token
-    and reason are: :attr:`detail` is for people, not for comparing.
+    ``DOWN``). Two losses are equal when job, token and reason are.
 
     Args:
         job_id: The job's id.
         token: The token of the lock that was lost.
         reason: One of :data:`REASONS`.
         detail: One line of measured facts about the loss (the age of the
-            last confirmed renewal, ticks failed since and the last error,
-            how late the timer ran, the hold limit passed...).
+            last confirmed renewal, failed ticks, how late the timer ran...).
     """
 
     __slots__ = ("detail",)
@@ -130,10 +120,8 @@ class LostLock(str):
     """A lost job's id as ``on_lock_renewal_failed`` receives it: a ``str`` carrying its loss.
 
     It equals, hashes and prints as the plain id, so a callback written for a
-    list of ids keeps working; one that wants more reads :attr:`lost` (the
-    :class:`LockLost`), or its fields through :attr:`token` (which lock was
-    lost: a report about an old lock is never read as the loss of a new
-    one), :attr:`reason` and :attr:`detail`.
+    list of ids keeps working; :attr:`lost` is the :class:`LockLost`, and
+    :attr:`token` (which lock was lost), :attr:`reason` and :attr:`detail` its fields.
     """
 
     __slots__ = ("lost",)
@@ -173,9 +161,6 @@ class LostLock(str):
         return (LostLock, (self.lost,))
 
 
-# -- the messages ------------------------------------------------------------
-
-
 #: The range of a monotonic time in milliseconds (``ts``, ``scheduled``).
 _LOW, _HIGH = -(2**62), 2**62
 
@@ -207,16 +192,14 @@ class TrackJob:
 
     Each target (``notify``, compared by identity) makes its own claim, with
     its own ``max_hold``; tracking without a target makes the plain claim.
-    The same claim made again changes nothing, so a progress hook that
-    tracks again never delays a renewal nor slides a hold limit. A new token
-    is a new lock: it replaces the old one, whose targets are told ``stolen``.
-    A lock lost recently is not tracked again with the same token (a new
-    target is told of the loss at once). A watched lock (one with a target)
-    whose renewal is not confirmed by its deadline is let go, and every
-    target told ``"unconfirmed"``. A target that is a pykka ``ActorRef``
-    whose actor stopped or crashed ends its own claim at the next tick.
-    Asked, a track with a target answers the lock's deadline record (a
-    :class:`~actors.jobs.Validity`), or ``None``.
+    The same claim made again changes nothing (a progress hook never delays a
+    renewal nor slides a hold limit). A new token is a new lock: the old one's
+    targets are told ``"stolen"``; a lock lost lately is not tracked again with
+    the same token. A watched lock (one with a target) whose
+    renewal is not confirmed by its deadline is let go, its targets told
+    ``"unconfirmed"``; a dead ``ActorRef`` target ends its own claim at the
+    next tick. Asked, a track with a target answers the lock's
+    :class:`~actors.jobs.Validity`, or ``None``.
     """
 
     #: The name of the module helper and of the proxy method.
@@ -243,9 +226,8 @@ class TrackJob:
     #: confirmed renewal's send; ``None`` for the manager's ``safety_margin``.
     safety_margin: int | None = None
     #: The holder is releasing the lock by a call that deletes it (a BullMQ
-    #: move): the lock stays renewed until the claim ends, and a lock found
-    #: gone meanwhile is that release, ended quietly (no report, no count).
-    #: The same claim tracked again with ``False``: the release failed.
+    #: move): the lock stays renewed until the claim ends, and found gone
+    #: meanwhile it ends quietly. Tracked again with ``False``: the release failed.
     releasing: bool = False
 
     def __post_init__(self) -> None:

@@ -1,12 +1,8 @@
 """The renewer seam: what a manager renews through, and what a renewal returns.
 
-A manager renews through a :class:`Renewer`: given due ids and their tokens,
-renew what is still held and say what happened, as a :class:`BatchOutcome`.
-Partial failure is a value, not an exception: the chunks that ran stand
-beside the ones that did not. :class:`~actors.scripts.RedisRenewer`, the
-shared script on Redis, is the one every manager uses unless told
-otherwise; another backend (or a test's in-memory lock table) plugs in
-through ``start_link(renewer=...)``.
+A :class:`Renewer` renews due ids with their tokens and says what happened as a
+:class:`BatchOutcome`: partial failure is a value, not an exception. Managers use
+:class:`~actors.scripts.RedisRenewer` unless given ``start_link(renewer=...)``.
 """
 
 from __future__ import annotations

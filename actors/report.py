@@ -1,14 +1,9 @@
 """What a manager tells the world: counters, log lines, and user code on a thread of its own.
 
-The manager decides (what is due, what is lost); the :class:`Reporter` says
-so. On the manager's thread it counts (for ``get_stats``) and logs (with the
-queue's name in every line, a traceback only on the first failure of a
-streak). Then it hands the step's :class:`~actors.books.Report` to the
-manager's delivery thread, which calls the user's callbacks and tells each
-lost lock's targets, in the order the reports were made. No user code runs
-on the manager's thread: whatever a callback does (query the manager, untrack
-and wait, stop a job actor that leaves a lease, stop the manager) finds the
-manager whole, and cannot keep it from renewing.
+The :class:`Reporter` counts and logs on the manager's thread, then hands each
+:class:`~actors.books.Report` to the delivery thread, which calls the user's
+callbacks and tells lost locks' targets, in order. No user code runs on the
+manager's thread: a callback finds the manager whole and cannot keep it from renewing.
 """
 
 from __future__ import annotations
@@ -73,9 +68,8 @@ class Stats:
     tick_lateness_ms: float = 0.0
     #: How late the latest-running timer tick so far ran, in milliseconds.
     max_tick_lateness_ms: float = 0.0
-    #: The least time a lock had left when it was renewed (how close a lock
-    #: came to expiring), in milliseconds, measured when the renewal's answer
-    #: came back (never overstated); ``None`` before the first renewal.
+    #: The least time a lock had left when its renewal's answer came back, in
+    #: milliseconds (never overstated); ``None`` before the first renewal.
     min_lock_margin_ms: float | None = None
 
 
@@ -197,12 +191,8 @@ def on_a_delivery_thread() -> bool:
 class Reporter:
     """Counts and logs on the manager's thread; delivers on the manager's delivery thread.
 
-    Args:
-        keys: The queue's keys (its name goes in every line).
-        timing: The manager's windows.
-        on_failed: Called with the lost jobs, or ``None``.
-        on_renewed: Called with the renewed ids, or ``None``.
-        on_error: Called with the error of a failed tick, or ``None``.
+    ``on_failed``, ``on_renewed`` and ``on_error`` (each may be ``None``) get
+    the lost jobs, the renewed ids and a failed tick's error.
     """
 
     def __init__(
@@ -289,8 +279,7 @@ class Reporter:
         counters.errors += 1
         counters.failed_streak += 1
         counters.last_error = f"{type(exc).__name__}: {exc}"
-        # The first failure of a streak carries its traceback; during a long
-        # outage the later ones are one line each.
+        # A traceback only on the first failure of a streak (a long outage).
         logger.error(
             "LockManager for queue %r: renewal of %d job(s) failed, retrying: %s: %s",
             self._keys.name,
@@ -373,6 +362,5 @@ class Reporter:
         try:
             callback(arg)
         except BaseException:
-            # SystemExit or KeyboardInterrupt too: they would end the delivery
-            # of every later report, not only this one.
+            # SystemExit too: it would end the delivery of every later report.
             logger.exception("LockManager for queue %r: %s raised", self._keys.name, name)

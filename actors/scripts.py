@@ -2,15 +2,10 @@
 
 ``lua/extendLocks-1.lua`` is frozen: Node.js, Go, Elixir and Python workers
 renew the same keys with it. A healthy tick costs one round trip: every chunk
-of a batch goes in one pipeline, and the script is loaded only when the
-server answers NOSCRIPT (after a restart, a failover or a SCRIPT FLUSH). The
-script's reply is BullMQ's, a list of ids, so the reason a lock was lost is
-read back afterwards, and only when something was lost.
+of a batch goes in one pipeline, and the script is loaded only on NOSCRIPT.
 
 :func:`extend_locks` is the plain call, BullMQ's ``extendLocks`` in Python;
-:class:`RedisRenewer` is what a manager renews through unless told otherwise;
-:func:`release_locks` deletes locks that still hold their tokens
-(``releaseLock-1.lua``), for holders that are gone.
+:class:`RedisRenewer` is what a manager renews through unless told otherwise.
 """
 
 from __future__ import annotations
@@ -67,12 +62,10 @@ logger = logging.getLogger("actors.scripts")
 #: File name of the renewal script; the ``-1`` is its number of KEYS.
 SCRIPT_NAME = "extendLocks-1.lua"
 
-#: Job ids per script call. At 250 one call holds the server for 1-2 ms
-#: (a few ms at worst) even with 100,000 locks on it, so every other client
-#: stays responsive, and a whole tick is no slower than with larger calls: all
-#: of a tick's calls still share one round trip (``make bench`` measures it).
+#: Job ids per script call. At 250 one call holds the server for 1-2 ms even
+#: with 100,000 locks on it, and all of a tick's calls still share one round
+#: trip, so a tick is no slower than with larger calls (``make bench``).
 DEFAULT_MAX_BATCH = 250
-
 
 #: File name of the compare-and-delete of one lock.
 RELEASE_SCRIPT = "releaseLock-1.lua"
@@ -101,8 +94,7 @@ def _as_ids(reply: Any) -> list[str]:
 
 
 def _as_list(items: Sequence[str]) -> list[str]:
-    # A chunk is already a fresh list (a slice): copying it again would cost a
-    # pass and an allocation per id.
+    # A chunk is already a fresh list (a slice): copying it again costs a pass.
     return items if type(items) is list else list(items)
 
 
@@ -124,10 +116,8 @@ def _evalsha_args(
 
 
 def _with_source(evalsha_args: tuple[Any, ...]) -> tuple[Any, ...]:
-    # EVAL runs the script, and caches it, on whichever cluster node serves
-    # the slot right now: a promoted replica, a node importing the slot, a new
-    # node with no slot of its own yet. SCRIPT LOAD reaches only the masters
-    # the client knows of, and all of them must answer.
+    # EVAL caches the script on whichever cluster node serves the slot now;
+    # SCRIPT LOAD reaches only the masters the client knows of.
     return ("EVAL", script_source(), *evalsha_args[2:])
 
 
@@ -152,9 +142,8 @@ def _send_chunks(
     pipe = conn.pipeline(transaction=False)
     options: dict[str, Any] = {}
     if is_cluster(conn):
-        # Routed by hand: a cluster pipeline otherwise asks its default node
-        # for each EVALSHA's keys (COMMAND GETKEYS), and fails for as long as
-        # that node is down. Redirections are still followed.
+        # Routed by hand: a cluster pipeline otherwise asks its default node for
+        # each EVALSHA's keys, and fails while that node is down.
         options["target_nodes"] = conn.get_node_from_key(keys.stalled)
     for start, stop in bounds:
         args = _evalsha_args(keys, job_ids[start:stop], tokens[start:stop], duration)
@@ -173,10 +162,8 @@ def run_chunks(
 ) -> BatchOutcome:
     """Run the script over ``job_ids`` in chunks of ``max_batch``, all in one round trip.
 
-    Nothing is checked here (see :func:`renew_batch`). A chunk
-    that the server refuses is returned in ``errors``; a chunk answered
-    NOSCRIPT is sent again once the script is loaded (on a cluster, as EVAL
-    on the node serving the slot).
+    Nothing is checked here (see :func:`renew_batch`). A chunk answered
+    NOSCRIPT is sent again once the script is loaded (on a cluster, as EVAL).
 
     Returns:
         The ids each chunk that ran reported, and the chunks that did not run.
@@ -241,8 +228,7 @@ def classify_failed(
 
     The script's reply is BullMQ's, a list of ids, so the reason is read
     afterwards: one pipelined GET per reported lock, a round trip paid only
-    when something was lost. Each GET is routed by its own key, so on a
-    cluster it finds the lock on whichever node holds it now.
+    when something was lost.
 
     - no key: :data:`EXPIRED`;
     - any value but the exact UTF-8 bytes of the job's token, or a key of
@@ -251,34 +237,17 @@ def classify_failed(
       migrating): a one-job :class:`ChunkError` carrying
       :class:`UnconfirmedLossError`, retried by the next tick.
 
-    An id may come more than once in a batch, each time with its own token,
-    as BullMQ's script allows: the script then reports the entries whose
-    token the lock does not hold, and each report is matched to such an
-    entry of that id, not to the id's last entry.
-
-    Values are read and compared as raw bytes, whatever the client's
-    ``decode_responses``: a value that is not UTF-8 is another holder's, not
-    a reply that cannot be read.
-
-    When the read-back itself fails, whatever the exception, every reported
-    id becomes such an error: its lock is in an unknown state, and the next
-    tick tries again.
-
-    Args:
-        conn: The client the script ran on.
-        keys: The queue's keys.
-        job_ids: The batch's ids, as given to the script.
-        tokens: Each job's token, in the same order.
-        outcome: What the script reported.
+    An id may come more than once in a batch, each time with its own token:
+    each report is matched to an entry of that id whose token the lock does
+    not hold. When the read-back itself fails, every reported id becomes such
+    an error, retried by the next tick.
     """
     reported = list(dict.fromkeys(outcome.failed))
     try:
         pipe = conn.pipeline(transaction=False)
         for job_id in reported:
-            # Built as the script builds it: the ids come back from the server
-            # as sent. Read undecoded: a client with decode_responses would
-            # raise on a value that is not UTF-8, and decoding with
-            # replacement would make foreign bytes equal a token holding U+FFFD.
+            # Built as the script builds it; read undecoded, as decoding could
+            # raise, or make foreign bytes equal a token holding U+FFFD.
             pipe.execute_command("GET", lock_key(keys.key_prefix, job_id), **_RAW)
         values = pipe.execute(raise_on_error=False)
     except Exception as exc:
@@ -332,13 +301,9 @@ def _reported_entries(
     outcome: BatchOutcome,
     value_of: dict[str, object],
 ) -> dict[str, list[tuple[int, bool]]]:
-    """Each reported id's entries that ran, those whose token the lock holds last.
+    """Each reported id's entries ``(index, lock holds its token)`` that ran, the lost first.
 
-    An entry is ``(index in the batch, whether the lock read back holds its
-    token)``. The script reports an entry exactly when the lock did not hold
-    its token, so the reports of an id go to its entries that the read-back
-    finds lost first; an entry holding its token is reported only when the
-    script could not see the lock.
+    An entry holding its token is reported only when the script could not see the lock.
     """
     skipped = {i for error in outcome.errors for i in range(error.start, error.stop)}
     found: dict[str, list[tuple[int, bool]]] = {job_id: [] for job_id in value_of}
@@ -417,14 +382,8 @@ def renew_batch(
     chunks, all sent in one pipeline (no MULTI), so no single script holds the
     server for long. A chunk that the server refuses (BUSY, OOM, a reply that
     is not a list) is returned in ``errors`` while the other chunks' results
-    stand. NOSCRIPT loads the script and resends the affected chunks.
-
-    On a ``redis.RedisCluster`` the chunks go to the node serving the queue's
-    slot (redirections followed), NOSCRIPT is answered with EVAL there, and
-    each id the script reports failed is read back by
-    :func:`classify_failed` (on any server): a lock still held with its token
-    (a cluster slot was migrating) comes back in ``errors``, not in
-    ``failed``, and every lost one gets its reason.
+    stand. Each id reported failed is read back by :func:`classify_failed`,
+    which gives its reason (or, if still held, an error: a slot was migrating).
 
     Args:
         conn: A ``redis.Redis`` or ``redis.RedisCluster`` client.
@@ -433,9 +392,8 @@ def renew_batch(
         tokens: Each job's lock token, in the same order.
         duration: The new lock TTL, in milliseconds.
         max_batch: Most ids per script call.
-        check_items: Check that every id and token is a non-empty ``str``.
-            A caller that checked them already (the lock manager does when a
-            job is tracked) passes ``False`` to save a pass over the batch.
+        check_items: Check that every id and token is a non-empty ``str``
+            (the lock manager checked them already when they were tracked).
 
     Returns:
         The failed ids of the chunks that ran, and the chunks that did not.
@@ -508,7 +466,6 @@ class RedisRenewer:
         connection: A ``redis.Redis`` or ``redis.RedisCluster`` client, or a
             Redis URL (a client is then built whose attempts end within
             :func:`~actors.connection.command_timeout`, and closed with the renewer).
-        keys: The queue's keys.
         timing: The manager's windows: the TTL each renewal sets, and what
             bounds an attempt.
         safety_margin: The watched locks' margin in ms.
@@ -552,16 +509,12 @@ class RedisRenewer:
 
     def __call__(self, job_ids: Sequence[str], tokens: Sequence[str]) -> BatchOutcome:
         """Renew ``job_ids`` held with ``tokens`` in one round trip."""
-        # Every id and token was checked when the job was tracked.
-        require_batch(job_ids, tokens, self.lock_duration, each=False)
-        if not job_ids:
-            return BatchOutcome([], [])
-        conn, keys = self.connection, self.keys
+        conn, keys, duration = self.connection, self.keys, self.lock_duration
         try:
-            outcome = run_chunks(conn, keys, job_ids, tokens, self.lock_duration, self._max_batch)
-            if outcome.failed:
-                outcome = classify_failed(conn, keys, job_ids, tokens, outcome)
-            return outcome
+            # Every id and token was checked when the job was tracked.
+            return renew_batch(
+                conn, keys, job_ids, tokens, duration, max_batch=self._max_batch, check_items=False
+            )
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._unreachable(exc)
             raise

@@ -1,12 +1,9 @@
 """A manager's one timer, the seam a test or a host drives it through, and what it is armed for.
 
 A manager holds exactly one :class:`Timer`. The :class:`Alarm` arms it for
-the next of three times: the next tick of the grid ``first + k * interval``,
-a quick retry after a failed tick, or the deadline of a watched lock that
-comes before either. When that time comes the timer calls
-``fire(scheduled)``, which tells the manager ``ExtendLocks(scheduled)``; the
-manager handles it, then arms the timer again. Nothing else arms it, so a
-"renew now" sent by a user leaves the grid alone.
+the next grid tick, a retry after a failed tick, or a watched lock's deadline.
+The timer then tells the manager ``ExtendLocks(scheduled)``, which handles it
+and arms the timer again; a "renew now" sent by a user leaves the grid alone.
 """
 
 from __future__ import annotations
@@ -46,10 +43,7 @@ CLOCK_RETRY_S: Final = 0.01
 
 
 class ThreadTimer:
-    """A timer on one thread of its own, kept for the manager's whole life.
-
-    One thread however many jobs are tracked and however often it fires, so
-    the thread count stays constant.
+    """A timer on one thread of its own, kept for the manager's whole life, however many jobs.
 
     Args:
         fire: Called with the time armed for, on the timer's thread, when it comes.
@@ -110,8 +104,7 @@ class ThreadTimer:
                 except pykka.ActorDeadError:
                     return  # the manager is gone: nothing left to tick
                 except Exception:
-                    # Anything else is a fault of one fire: the manager is
-                    # alive, so say so and keep the timer.
+                    # A fault of one fire: the manager is alive, keep the timer.
                     logger.exception("%s: a timer fire failed", self._thread.name)
 
 
@@ -121,11 +114,7 @@ class ManualTimer:
     For tests and for hosts with a scheduler of their own. Read
     :attr:`deadline` and send ``ExtendLocks(scheduled=timer.deadline)`` (with
     ``ask``, to wait for the tick) when that time has come on the clock the
-    manager was given.
-
-    Args:
-        fire: Ignored; present to fit :data:`TimerFactory`.
-        name: Ignored.
+    manager was given. ``fire`` and ``name`` are ignored (they fit :data:`TimerFactory`).
     """
 
     def __init__(self, fire: Callable[[int], None] | None = None, name: str = "") -> None:
@@ -155,12 +144,7 @@ Fire = Literal["grid", "retry", "deadline", "now"]
 class Alarm:
     """The timer, the next grid tick, the retry, and which fires are the timer's own.
 
-    Used on the manager's thread only.
-
-    Args:
-        name: The queue's name, for the log.
-        clock: The manager's monotonic clock, in milliseconds.
-        interval: The grid's step, in milliseconds.
+    Used on the manager's thread only; times are monotonic milliseconds.
     """
 
     __slots__ = ("armed", "clock", "grid", "interval", "name", "pending", "retry", "timer")
@@ -199,26 +183,22 @@ class Alarm:
     def take(self, scheduled: int | None) -> tuple[Fire, int, int, int] | None:
         """Say what a tick is for, the time now, the time it stamps at, and how late it runs.
 
-        Only the timer's own fire (one armed and not handled yet) is a grid
-        tick, a retry or a deadline; one sent early or by anyone else is a
-        plain "renew now" and moves nothing. A grid tick selects and stamps at
-        its grid time, not when it got to run: lateness then never makes a job
-        due a tick early, and the grid time is never after the renewal, so no
-        lock looks younger.
+        Only the timer's own fire (armed and not handled yet) is a grid tick, a
+        retry or a deadline; any other is a plain "renew now" and moves nothing.
+        A grid tick selects and stamps at its grid time, so lateness never makes
+        a job due early and no lock looks younger than it is.
 
         Returns:
             ``None`` when the clock raised (logged) and the tick is not the
-            timer's own fire, whose time stands in otherwise. The lateness is
-            how long after its time (or after it was armed, if later) the
-            timer's fire was handled, in ms; 0 for anyone else's.
+            timer's own fire, whose time stands in otherwise. The lateness (ms)
+            counts from its time, or from its arming if later; 0 for anyone else's.
         """
         own = scheduled is not None and scheduled in self.pending
         try:
             now = self.clock()
         except BaseException:
-            # The clock is the user's code: its failure must not end the
-            # ticks. The timer's own fire comes once its time has come, so its
-            # time stands in for a reading (never later than the truth).
+            # The clock is the user's code: its failure must not end the ticks.
+            # The timer's own fire comes once due, so its time stands in.
             logger.warning(
                 "LockManager for queue %r: the clock raised; ticking on", self.name, exc_info=True
             )

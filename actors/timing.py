@@ -13,8 +13,7 @@ threshold, a job is renewed every one or two ticks, so it waits at most
 ``lock_duration``.
 
 Every door into a manager checks its arguments with the ``require_*``
-functions here, so bad input fails at the caller with the same ``TypeError``
-(a wrong type) or ``ValueError`` (a value out of range), naming the argument.
+functions here, so bad input fails at the caller, naming the argument.
 """
 
 from __future__ import annotations
@@ -53,24 +52,17 @@ __all__ = [
 DEFAULT_LOCK_DURATION = 30000
 
 #: Shortest lock a manager sets on a Redis server, in milliseconds. Below it
-#: the lock's headroom at its latest renewal (half of it, by default) is shorter
-#: than a single ordinary pause of the process or the server (a collection, a
-#: fork for a snapshot, one retransmitted packet), and the value is far more
-#: likely seconds typed for milliseconds (``lock_duration=30``) than meant.
+#: the lock's headroom is shorter than one ordinary pause of the process or
+#: the server, and the value is likely seconds typed for milliseconds.
 MIN_REDIS_LOCK_DURATION = 100
 
 #: Longest duration a manager accepts, in milliseconds (about 24.8 days): the
-#: longest delay Node.js timers, and so BullMQ peers, can wait, and far inside
-#: what Redis and ``threading`` accept.
+#: longest delay Node.js timers, and so BullMQ peers, can wait.
 MAX_DURATION_MS = 2**31 - 1
 
-#: Longest job id or token, in UTF-8 bytes. A tick sends every due id and
-#: token in one script argument; this keeps one call well inside what a server
-#: accepts, so one huge id cannot fail the renewal of the jobs beside it.
+#: Longest job id or token, in UTF-8 bytes, so that one huge id cannot fail
+#: the script call that renews the jobs beside it.
 MAX_TEXT_BYTES = 65536
-
-
-# -- arguments ---------------------------------------------------------------
 
 
 def is_valid_text(value: object) -> bool:
@@ -88,11 +80,9 @@ def is_valid_text(value: object) -> bool:
 def require_text(value: object, argument: str) -> str:
     """Return ``value`` as a plain ``str`` if it is a non-empty one that encodes as UTF-8.
 
-    Lock keys, tokens and the script's packed arguments are UTF-8 on every
-    runtime, so a lone surrogate (as ``surrogateescape`` decoding leaves) could
+    Lock keys and tokens are UTF-8 on every runtime, so a lone surrogate could
     never name a lock. A ``str`` subclass is copied to a plain ``str``: what
-    the manager keeps must not run a caller's methods (``__hash__``,
-    ``__eq__``, ``__repr__``) on its thread.
+    the manager keeps must not run a caller's methods on its thread.
 
     Raises:
         TypeError: ``value`` is not a ``str``.
@@ -152,9 +142,6 @@ def require_callback(value: Any, argument: str) -> None:
         raise TypeError(f"{argument} must be callable or None, got {type(value).__name__}")
 
 
-# -- clocks ------------------------------------------------------------------
-
-
 def monotonic_ms() -> int:
     """Return the monotonic clock in milliseconds: a manager's default clock."""
     return time.monotonic_ns() // 1_000_000
@@ -163,25 +150,15 @@ def monotonic_ms() -> int:
 def resolution_ms() -> int:
     """Return how late a thread timer's fire may run with nothing wrong, in milliseconds.
 
-    The clock counts whole milliseconds (one), and a woken thread may wait up
-    to the interpreter's switch interval (``sys.getswitchinterval()``, 5 ms by
-    default) for its turn while another thread runs Python code. Lateness
-    within this says nothing about the process.
+    One for the clock's whole milliseconds, plus the interpreter's switch
+    interval (``sys.getswitchinterval()``) a woken thread may wait for its turn.
     """
     return 1 + math.ceil(sys.getswitchinterval() * 1000)
-
-
-# -- the windows -------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class Timing:
     """The three windows of one manager, validated.
-
-    Args:
-        lock_duration: The lock TTL in milliseconds.
-        lock_renew_time: Longest time between two renewals of one lock, in
-            milliseconds; ``lock_duration // 2`` when ``None``.
 
     Raises:
         TypeError: A duration is not an ``int``.
@@ -193,7 +170,8 @@ class Timing:
 
     #: The lock TTL, in milliseconds.
     lock_duration: int = DEFAULT_LOCK_DURATION
-    #: Longest time between two renewals of one lock, in milliseconds.
+    #: Longest time between two renewals of one lock, in milliseconds;
+    #: ``lock_duration // 2`` when ``None``.
     lock_renew_time: int | None = None
 
     def __post_init__(self) -> None:
@@ -252,11 +230,8 @@ def default_safety_margin(timing: Timing) -> int:
     """Return the default ``safety_margin`` for ``timing``: half the timer interval (ms).
 
     A watched lock is trusted until ``lock_duration - safety_margin`` after
-    the last renewal the server confirmed was sent. A watched lock is renewed
-    at every tick, so with the default windows (``lock_duration`` four
-    intervals) three renewals fit before the deadline, and the half interval
-    left covers the timer's lateness (milliseconds) and the job's reaction to
-    the news, before the server can expire the lock.
+    the last confirmed renewal's send; the half interval covers the timer's
+    lateness and the job's reaction before the server can expire the lock.
     """
     return timing.interval // 2
 
@@ -266,9 +241,8 @@ def check_safety_margin(
 ) -> int:
     """Return ``safety_margin`` (ms) as a plain ``int`` if a watched lock can live with it.
 
-    The margin must leave at least one timer interval between a renewal's
-    send and the deadline it earns, or a watched lock would be declared
-    ``"unconfirmed"`` before its next renewal could be confirmed.
+    It must leave a timer interval between a renewal's send and the deadline
+    it earns, or a watched lock would be ``"unconfirmed"`` before its next renewal.
 
     Raises:
         TypeError: ``safety_margin`` is not an ``int``.
@@ -289,9 +263,8 @@ def check_safety_margin(
 def check_lock_duration(lock_duration: int) -> None:
     """Refuse a lock TTL too short to be meant for a Redis lock.
 
-    :class:`Timing` accepts any duration from 4 ms, for a manager driven by a
-    test's clock and lock table; a manager renewing on a Redis server checks
-    this too.
+    :class:`Timing` accepts any duration from 4 ms (a test's clock and lock
+    table); a manager renewing on a Redis server checks this too.
 
     Raises:
         ValueError: ``lock_duration`` is under :data:`MIN_REDIS_LOCK_DURATION`.
@@ -308,21 +281,12 @@ def check_lock_duration(lock_duration: int) -> None:
     )
 
 
-# -- due jobs and the tick grid ----------------------------------------------
-
-
 def due_mask(stamps: Mapping[str, int], now: int, threshold: int) -> list[bool]:
     """Return, for each job in the mapping's order, whether it is due: ``ts + threshold < now``.
 
     The mask picks the due entries out of any mapping kept in the same order
-    (``itertools.compress``): ids and their tokens in one pass each, without a
-    lookup per job.
-
-    Args:
-        stamps: Each tracked job's ``ts``: the monotonic time, in
-            milliseconds, of its tracking or of its last renewal.
-        now: The current monotonic time, in milliseconds.
-        threshold: Age in milliseconds after which a job is due.
+    (``itertools.compress``), without a lookup per job. All times are in
+    monotonic milliseconds.
     """
     # Integers: ts + threshold < now exactly when ts < now - threshold.
     cutoff = now - threshold
@@ -342,11 +306,6 @@ def next_tick(previous: int, interval: int, now: int) -> int:
     missed in a burst: the next tick is the latest grid time already past
     (it fires at once, less than one interval late), so no job waits longer
     than ``lock_renew_time`` plus that tick's lateness.
-
-    Args:
-        previous: The grid time of the tick that just ran.
-        interval: The timer interval, in milliseconds.
-        now: The current time, on the same clock.
     """
     missed = (now - previous) // interval
     return previous + max(missed, 1) * interval

@@ -1,20 +1,14 @@
 """The child of a process-mode manager: its timer, its renewals, its cleanup when the worker dies.
 
-Started by :class:`~actors.process.ProcessLockManager` as ``python -c ...
-SOCKET MEMFD`` with one end of a socket pair and the shared deadline cells.
-It holds no claim and tells no target: the worker's manager decides all of
-that and tells the child the state of each lock (``set``: its token, stamp,
-whether somebody watches it, and its cell; ``drop``). The child renews on
-its own grid with its own Redis client, writes each watched lock's
-confirmation into its cell, and says what each tick did (a
-:class:`~actors.process.shared.Tick`). One thread renews and reads the
-worker's words; one other writes the child's, so no renewal ever waits for
-a worker that reads nothing for a while (a GIL hold).
+It holds no claim and tells no target: the worker's manager tells it each
+lock's state (``set``, ``drop``). The child renews on its own grid with its own
+client, writes each watched lock's confirmation into its cell, and says what
+each tick did (a :class:`~actors.process.shared.Tick`) through a writer
+thread, so no renewal waits for a worker that reads nothing (a GIL hold).
 
-When the worker is gone (the socket closes, or, where Linux offers it, the
-worker's process handle says it ended), the child deletes each lock it was
-renewing with ``releaseLock-1.lua`` (only a lock that still holds its token)
-and exits. Told to stop, it leaves the locks alone: the worker releases its own.
+When the worker is gone (the socket closes, or its pidfd says it ended), the
+child deletes each lock that still holds its token and exits. Told to stop,
+it leaves the locks alone: the worker releases its own.
 """
 
 from __future__ import annotations
@@ -105,14 +99,7 @@ class _LogForward(logging.Handler):
 
 
 class Child:
-    """The child's state: its locks, its grid, its client, the cells and the writer.
-
-    Args:
-        conn: The child's end of the socket pair.
-        memfd: The shared cells' descriptor.
-        config: What the worker's manager sent: the connection, the queue,
-            the windows, the log level, the worker's pid.
-    """
+    """The child's state: its locks, its grid, its client, the cells and the writer."""
 
     def __init__(self, conn: Connection, memfd: int, config: dict[str, Any]) -> None:
         self._conn = conn
@@ -141,8 +128,6 @@ class Child:
         self._grid = monotonic_ms() + timing.interval
         self._retry: int | None = None
         self._failed = 0
-
-    # -- the loop ------------------------------------------------------------------
 
     def run(self) -> int:
         """Serve the worker until it stops the child or is gone; return the exit code."""
@@ -214,8 +199,6 @@ class Child:
         self._books.jobs.untrack(job_id, everyone=True)
         self._slots.pop(job_id, None)
 
-    # -- a tick --------------------------------------------------------------------
-
     def _tick(self, kind: str, now: int, at: int) -> None:
         books, jobs = self._books, self._books.jobs
         due, tokens = jobs.due(at, self._timing.threshold)
@@ -263,8 +246,6 @@ class Child:
         self._requests, self._freed = [], []
         self._out.put(("tick", tick))
 
-    # -- the end ---------------------------------------------------------------------
-
     def _end(self, *, release: bool) -> int:
         """When the worker is gone, delete the locks still holding its tokens; then exit (0)."""
         if release:
@@ -277,11 +258,7 @@ class Child:
 
 
 def _parent_handle(parent: int) -> int | None:
-    """Return a descriptor that is readable once process ``parent`` ended, or ``None``.
-
-    Only where the system offers process handles (Linux' ``pidfd_open``);
-    elsewhere the closing socket alone says the worker is gone.
-    """
+    """Return a descriptor readable once process ``parent`` ended (Linux' pidfd), or ``None``."""
     if hasattr(os, "pidfd_open"):
         with contextlib.suppress(OSError):
             return os.pidfd_open(parent)

@@ -1,14 +1,10 @@
 """What a process-mode manager and its child share: the deadline cells, and the words they say.
 
-An anonymous ``memfd`` (no file, nothing to clean up) holds one 64-bit cell
-per watched lock: the send time of its last renewal the server confirmed,
-written by the child each time the server confirms one. Both processes read
-``CLOCK_MONOTONIC``, so a lease's ``check()`` stays one local read, and the
-worker keeps each watched lock's true deadline even while its own threads
-could not run (a GIL hold): the child's word may come late, its cell never.
-
-Words go over a socket pair as lists of tuples (pickled), the first item
-naming the word; the child's tick is a :class:`Tick`.
+An anonymous ``memfd`` holds one 64-bit cell per watched lock: the send time
+of its last confirmed renewal, written by the child. A lease's ``check()``
+stays one local read, and the worker keeps each watched lock's true deadline
+even while its own threads could not run (a GIL hold): the child's word may
+come late, its cell never. Words go over a socket pair as lists of tuples.
 """
 
 from __future__ import annotations
@@ -89,9 +85,7 @@ def map_cells(fd: int, slots: int = SLOTS) -> tuple[mmap.mmap, memoryview]:
 class SharedValidity(Validity):
     """A watched lock's deadline, read from the cell the child writes: one read, no lock.
 
-    The confirmed send time is the later of the cell's (the child's, as soon
-    as the server answered) and the one the worker's manager learned from
-    the child's words.
+    The confirmed send time is the later of the cell's and the one the child's words told.
     """
 
     __slots__ = ("_cells", "_local", "slot")
@@ -123,10 +117,6 @@ class Cells:
     A cell given back is handed out again only once the child says it
     writes in it no more (or a new child starts), so a late write of an old
     lock never lands in a new one's cell.
-
-    Args:
-        queue: The queue's name, for the log.
-        slots: How many cells (:data:`SLOTS` when ``None``).
     """
 
     def __init__(self, queue: str, slots: int | None = None) -> None:
@@ -192,10 +182,6 @@ class Writer:
     Neither side ever waits for the other to read: a worker whose GIL is
     held, or a child that is stopped, reads nothing for a while, and its
     socket fills; only this thread waits then.
-
-    Args:
-        conn: This side's end of the socket pair.
-        name: The thread's name.
     """
 
     def __init__(self, conn: Connection, name: str) -> None:
