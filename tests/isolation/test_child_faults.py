@@ -64,6 +64,13 @@ class Watcher(pykka.ThreadingActor):
         return list(self.told)
 
 
+def told_to(watcher: pykka.ActorRef[Watcher]) -> list[tuple[float, LockLost]]:
+    """What ``watcher`` was told so far, and when."""
+    told = watcher.ask("told", block=True)
+    assert isinstance(told, list)
+    return told
+
+
 class Renewals(Recorder):
     """A recorder that also says when a job was first renewed after a moment."""
 
@@ -125,7 +132,7 @@ def test_a_killed_child_loses_no_watched_lock(
         wait_for(lambda: recorder.renewed(since=killed)["actor"] >= 5, SOON_S, "renewals again")
         held.check()
     assert gone(first)
-    assert watcher.ask("told") == []
+    assert told_to(watcher) == []
     assert recorder.lost() == []
     assert redis_client.mget([KEYS.lock(j) for j in tokens]) == [
         t.encode() for t in tokens.values()
@@ -177,7 +184,7 @@ def test_a_stopped_child_leaves_no_watcher_untold_before_another_worker_takes_th
             lost_at = wait_for(
                 lambda: held.lost and time.monotonic(), 2 * LOCK_MS / 1000, "the lease's loss"
             )
-            told = wait_for(lambda: watcher.ask("told"), 2 * LOCK_MS / 1000, "the actor told")
+            told = wait_for(lambda: told_to(watcher), 2 * LOCK_MS / 1000, "the actor told")
             taker.join()
         finally:
             os.kill(child, signal.SIGCONT)
@@ -277,7 +284,7 @@ def test_a_stopped_child_whose_socket_fills_holds_up_neither_answers_nor_deadlin
             track_job(manager, f"burst-{i}", "x" * 64)
         # Then the manager still answers at once, and the watcher is told in time
         assert get_active_job_count(manager, timeout=SOON_S) == 20_001
-        told = wait_for(lambda: watcher.ask("told"), 2 * LOCK_MS / 1000, "the watcher told")
+        told = wait_for(lambda: told_to(watcher), 2 * LOCK_MS / 1000, "the watcher told")
         assert [lost.reason for _, lost in told] == ["unconfirmed"]
         assert redis_client.get(KEYS.lock("watched")) == tokens["watched"].encode()
     finally:
