@@ -348,10 +348,25 @@ class ProcessLockManager(LockManager, isolation="process"):
     # -- the child's words, on the reader thread ------------------------------------------
 
     def _read(self, child: Child) -> None:
-        """Read the child's words; start another child when one dies (the reader thread)."""
+        """Read the child's words; start another child when one dies or hangs (the reader thread).
+
+        The child says something at every tick of its grid: silent for a whole
+        trust window, it is hung (stopped, or stuck in a call), and is killed
+        so that another renews the locks that still hold.
+        """
         restarts: list[float] = []
+        silence_s = self.trusted_for() / 1000
         while True:
             try:
+                if not child.conn.poll(silence_s) and not self._closing:
+                    logger.warning(
+                        "LockManager for queue %r: its child process said nothing for %g s "
+                        "(hung?); killed, to start another",
+                        self.queue_name,
+                        silence_s,
+                    )
+                    end(child.process)
+                    continue
                 words = child.conn.recv()
             except (EOFError, OSError):
                 if self._closing:

@@ -10,6 +10,7 @@ second client what the server holds.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -187,7 +188,9 @@ def test_a_stopped_child_leaves_no_watcher_untold_before_another_worker_takes_th
             told = wait_for(lambda: told_to(watcher), 2 * LOCK_MS / 1000, "the actor told")
             taker.join()
         finally:
-            os.kill(child, signal.SIGCONT)
+            # A child silent for a trust window is killed meanwhile: it may be gone.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGCONT)
         assert held.reason == "unconfirmed"
     (told_at, message), *more = told
     assert more == []
@@ -209,6 +212,39 @@ def test_a_stopped_child_leaves_no_watcher_untold_before_another_worker_takes_th
         f"\nchild SIGSTOPped: actor told {record.notes['told_before_taken_ms']} ms, lease "
         f"{record.notes['lease_before_taken_ms']} ms before another worker took the lock"
     )
+    stop(manager)
+
+
+def test_a_hung_child_is_killed_and_another_renews_every_plain_lock(
+    server: Server, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A child stopped for good once left its plain locks to expire, still
+    # listed as tracked, with nothing said and no child started in its place.
+    recorder = Renewals()
+    manager = _start(server, recorder)
+    tokens = take_locks(redis_client, KEYS, ["plain", "other"], LOCK_MS)
+    for job_id, token in tokens.items():
+        track_job(manager, job_id, token)
+    wait_for(lambda: recorder.renewed()["plain"] >= 2, SOON_S, "a few renewals")
+    [hung] = children()
+    # When the child hangs for good
+    with caplog.at_level(logging.WARNING, logger="actors"):
+        os.kill(hung, signal.SIGSTOP)
+        stopped = time.monotonic()
+        # Then, silent for a trust window, it is killed and another child started
+        wait_for(lambda: [p for p in children() if p != hung], SOON_S, "a new child")
+        replaced_ms = (time.monotonic() - stopped) * 1000
+        # which renews every plain lock before the server lets it go
+        wait_for(lambda: recorder.renewed(since=stopped)["plain"] >= 1, SOON_S, "a renewal again")
+    assert gone(hung)
+    # (silent since its last tick, up to an interval before the stop)
+    assert manager.trusted_for() - LOCK_MS / 4 <= replaced_ms
+    assert redis_client.mget([KEYS.lock(j) for j in tokens]) == [
+        t.encode() for t in tokens.values()
+    ]
+    assert recorder.lost() == []
+    assert any("said nothing" in r.getMessage() for r in caplog.records)
+    print(f"\nchild hung: replaced {replaced_ms:.0f} ms after its stop")
     stop(manager)
 
 
@@ -288,5 +324,7 @@ def test_a_stopped_child_whose_socket_fills_holds_up_neither_answers_nor_deadlin
         assert [lost.reason for _, lost in told] == ["unconfirmed"]
         assert redis_client.get(KEYS.lock("watched")) == tokens["watched"].encode()
     finally:
-        os.kill(child, signal.SIGCONT)
+        # A child silent for a trust window is killed meanwhile: it may be gone.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGCONT)
     stop(manager)
