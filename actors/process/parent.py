@@ -400,26 +400,25 @@ class ProcessLockManager(LockManager, isolation="process"):
         restarts[:] = [t for t in restarts if now - t < RESTART_WINDOW_S]
         restarts.append(now)
         if len(restarts) > MAX_RESTARTS:
-            logger.error(
-                "LockManager for queue %r: its child process ended %d times within %g s; "
-                "the manager stops",
-                self.queue_name,
-                len(restarts),
-                RESTART_WINDOW_S,
+            why = (
+                f"LockManager for queue {self.queue_name!r}: its child process ended "
+                f"{len(restarts)} times within {RESTART_WINDOW_S:g} s; the manager stops "
+                "and renews nothing more"
             )
-            self._said(ChildSaid("failed", None))
+            logger.error("%s", why)
+            self._said(ChildSaid("failed", why))
             return None
         try:
             started = spawn(self._config, self._cells.fd, child.generation + 1)
         except Exception:
             if self._closing:
                 return None
-            logger.exception(
-                "LockManager for queue %r: its child process could not be started again; "
-                "the manager stops",
-                self.queue_name,
+            why = (
+                f"LockManager for queue {self.queue_name!r}: its child process could not be "
+                "started again; the manager stops and renews nothing more"
             )
-            self._said(ChildSaid("failed", None))
+            logger.exception("%s", why)
+            self._said(ChildSaid("failed", why))
             return None
         self._said(ChildSaid("up", started))
         return started
@@ -499,6 +498,8 @@ class ProcessLockManager(LockManager, isolation="process"):
             self._child = said.payload
             self._restore()
         elif said.kind == "failed":
+            # A stop nobody asked for: on_error hears it before the watchers do.
+            self._reporter.send(Report(error=RuntimeError(said.payload)))
             self.stop()
 
     def _apply(self, tick: Tick) -> None:

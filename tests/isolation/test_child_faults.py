@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 import uuid
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pykka
@@ -31,7 +32,7 @@ from actors import (
     stop,
     track_job,
 )
-from actors.process import shared
+from actors.process import parent, shared
 from tests.isolation.conftest import children, gone
 from tests.support import Recorder, take_locks, wait_for, wait_ticks
 
@@ -246,6 +247,35 @@ def test_a_hung_child_is_killed_and_another_renews_every_plain_lock(
     assert any("said nothing" in r.getMessage() for r in caplog.records)
     print(f"\nchild hung: replaced {replaced_ms:.0f} ms after its stop")
     stop(manager)
+
+
+def test_a_child_that_keeps_dying_stops_the_manager_and_says_so(
+    server: Server, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The manager that gave up on its child once stopped with no word to the
+    # worker's code: its plain jobs expired, and no on_error came.
+    monkeypatch.setattr(parent, "MAX_RESTARTS", 1)
+    recorder = Renewals()
+    manager = _start(server, recorder)
+    tokens = take_locks(redis_client, KEYS, ["plain", "actor"], LOCK_MS)
+    watcher = Watcher.start()
+    track_job(manager, "plain", tokens["plain"])
+    track_job(manager, "actor", tokens["actor"], notify=watcher)
+    # When its child dies once more than it may
+    for _ in range(2):
+        wait_for(partial(recorder.renewed, since=time.monotonic()), SOON_S, "a child renewing")
+        [child] = children()
+        os.kill(child, signal.SIGKILL)
+        wait_for(partial(gone, child), SOON_S, "the child gone")
+    # Then the manager stops, on_error says why, and the watcher is told
+    wait_for(lambda: not manager.is_alive(), SOON_S, "the manager stopped")
+    [error] = wait_for(recorder.errors, SOON_S, "on_error")
+    assert isinstance(error, RuntimeError)
+    assert "ended 2 times within 60 s; the manager stops" in str(error)
+    assert [lost.reason for _, lost in wait_for(lambda: told_to(watcher), SOON_S, "told")] == [
+        "manager_stopped"
+    ]
+    assert children() == []
 
 
 def test_queries_are_answered_while_a_new_child_starts(
