@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
@@ -73,6 +73,16 @@ def command_timeout(
     return min(max(useful / 1000 / share, _FLOOR), _CEILING)
 
 
+#: No CLIENT SETINFO on connect: two round trips before a new connection's
+#: first renewal, each as long as the link's latency (redis-py 8 spells it
+#: ``driver_info=None``, 5-7 ``lib_name=None``).
+_NO_SETINFO: Final[dict[str, Any]] = (
+    {"driver_info": None}
+    if "driver_info" in inspect.signature(redis.Redis.__init__).parameters
+    else {"lib_name": None, "lib_version": None}
+)
+
+
 def client_for_url(url: str, *, timeout: float) -> redis.Redis:
     """Build a one-server client from a URL, waiting ``timeout`` seconds per attempt.
 
@@ -84,6 +94,7 @@ def client_for_url(url: str, *, timeout: float) -> redis.Redis:
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         retry=Retry(NoBackoff(), RETRIES),
+        **_NO_SETINFO,
     )
 
 
@@ -102,6 +113,9 @@ _OWN_SETTINGS = frozenset(
         "client_name",
         "decode_responses",
         "connection_pool",
+        "lib_name",
+        "lib_version",
+        "driver_info",
     }
 )
 
@@ -155,6 +169,7 @@ def client_like(
         socket_timeout=timeout if bounded else None,
         socket_connect_timeout=timeout,
         retry=Retry(NoBackoff(), retries),
+        **_NO_SETINFO,
     )
 
 

@@ -10,6 +10,7 @@ of a batch goes in one pipeline, and the script is loaded only on NOSCRIPT.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from functools import lru_cache
@@ -532,9 +533,11 @@ class RedisRenewer:
             raise
 
     def probe(self) -> None:
-        """Ask the server for a PING; a server that does not answer is said once, at WARNING."""
+        """Load the script, so the first tick is one round trip; say an unreachable server once."""
         try:
             self.connection.ping()
+            with contextlib.suppress(redis.RedisError):  # a tick loads it on NOSCRIPT anyway
+                self.connection.script_load(script_source())
         except redis.RedisError as exc:
             self._told_unreachable = True
             logger.warning("%s", unreachable_message(self.connection, self.keys.name, exc))

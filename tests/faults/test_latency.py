@@ -260,3 +260,27 @@ def test_a_lease_over_a_tracked_lock_keeps_the_lock_s_older_deadline_while_nothi
     proxy.passthrough()
     held.__exit__(None, None, None)
     stop(manager, timeout=30)
+
+
+def test_a_first_renewal_over_a_slow_link_is_one_round_trip_and_trusted(
+    proxy: FaultProxy, direct: redis.Redis, reports: Recorder
+) -> None:
+    # A new connection once cost five round trips before its first renewal
+    # (two CLIENT SETINFO, EVALSHA, NOSCRIPT's SCRIPT LOAD, EVALSHA again),
+    # each inside the timeout but not their sum: a lease entered right after
+    # was told "unconfirmed" with no failed tick, at a third of the tolerance.
+    lock_ms, delay_s = 4000, 0.8
+    tokens = take_locks(direct, KEYS, ["cold"], 30 * lock_ms)
+    manager = reports.start(proxy.url, KEYS, lock_duration=lock_ms)
+    proxy.latency = delay_s
+    track_job(manager, "cold", tokens["cold"])
+    reports.wait_renewed(tokens, 10 * lock_ms / 1000)
+    with lease(manager, "cold", tokens["cold"]) as held:
+        # Still trusted a whole lock duration later, every tick renewing
+        wait_ticks(manager, 4, 10 * lock_ms / 1000)
+        assert held.reason is None
+        held.check()
+    stats = get_stats(manager, timeout=10)
+    assert stats.errors == 0
+    assert direct.get(KEYS.lock("cold")) == tokens["cold"].encode()
+    stop(manager, timeout=30)
