@@ -292,6 +292,8 @@ class ProcessLockManager(LockManager, isolation="process"):
         self._extends: dict[int, pykka.Future[Any]] = {}
         self._closing = False
         self._reader: threading.Thread | None = None
+        #: The last child the reader started: one the manager never took is ended at its stop.
+        self._spawned: Child | None = None
         self._start_threads()
         _RUNNING.add(self)
 
@@ -337,6 +339,13 @@ class ProcessLockManager(LockManager, isolation="process"):
         reader = self._reader
         if reader is not None and reader is not threading.current_thread():
             reader.join(STOP_TIMEOUT_S)
+        late = self._spawned
+        if late is not None and late is not child:
+            # Started while the manager stopped, and never handed to it.
+            late.writer.put(("stop",))
+            late.writer.close(STOP_TIMEOUT_S)
+            end(late.process)
+            late.conn.close()
         extends, self._extends = self._extends, {}
         for reply in extends.values():
             reply.set(None)
@@ -356,6 +365,7 @@ class ProcessLockManager(LockManager, isolation="process"):
         """
         restarts: list[float] = []
         silence_s = self.trusted_for() / 1000
+        hung = False
         while True:
             try:
                 if not child.conn.poll(silence_s) and not self._closing:
@@ -366,12 +376,15 @@ class ProcessLockManager(LockManager, isolation="process"):
                         silence_s,
                     )
                     end(child.process)
+                    hung = True
                     continue
                 words = child.conn.recv()
             except (EOFError, OSError):
                 if self._closing:
                     return
-                started = self._restart(child, restarts)
+                # A hung child killed is no crash: only deaths count toward giving up.
+                started = self._restart(child, [] if hung else restarts)
+                hung = False
                 if started is None:
                     return
                 child = started
@@ -420,12 +433,22 @@ class ProcessLockManager(LockManager, isolation="process"):
             logger.exception("%s", why)
             self._said(ChildSaid("failed", why))
             return None
-        self._said(ChildSaid("up", started))
+        self._spawned = started
+        if self._closing or not self._said(ChildSaid("up", started)):
+            # The manager stopped meanwhile: nobody would ever stop this one.
+            end(started.process)
+            started.writer.close(0)
+            started.conn.close()
+            return None
         return started
 
-    def _said(self, said: ChildSaid) -> None:
-        with contextlib.suppress(pykka.ActorDeadError):  # stopping: nobody is left to tell
+    def _said(self, said: ChildSaid) -> bool:
+        """Hand ``said`` to the manager's thread; ``False`` once it stops taking messages."""
+        try:
             self._mailbox.put(Envelope(said, reply_to=None))
+        except pykka.ActorDeadError:
+            return False
+        return True
 
     # -- messages ------------------------------------------------------------------------
 

@@ -11,7 +11,6 @@ report; these tests hold the two ends of it for a 2,000 ms lock.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +20,7 @@ from actors import Timing, get_stats, lease, stop, track_job
 from actors.connection import command_timeout
 from actors.messages import LockLost
 from tests.faults.conftest import KEYS, first_round_s
-from tests.support import job_ids, take_locks, wait_ticks, watch_locks
+from tests.support import Inbox, job_ids, take_locks, wait_ticks, watch_locks
 
 if TYPE_CHECKING:
     from tests.faults.conftest import FaultRecord
@@ -38,28 +37,9 @@ TOLERATED_S = 0.2
 BEYOND_S = 2 * TIMEOUT_S
 
 
-class Target:
-    """A ``notify`` target that records when it was told what, from the manager's delivery."""
-
-    def __init__(self) -> None:
-        self.told: list[tuple[float, Any]] = []
-        self._lock = threading.Lock()
-
-    def tell(self, message: Any) -> None:
-        with self._lock:
-            self.told.append((time.monotonic(), message))
-
-    def is_alive(self) -> bool:
-        return True
-
-    def messages(self) -> list[tuple[float, Any]]:
-        with self._lock:
-            return list(self.told)
-
-
 def _start(
     proxy: FaultProxy, direct: redis.Redis, reports: Recorder
-) -> tuple[Any, dict[str, str], dict[str, Target], list[Any]]:
+) -> tuple[Any, dict[str, str], dict[str, Inbox], list[Any]]:
     """Track 6 plain locks, 2 notify targets and 2 leases through the proxy's URL; renewed once."""
     first_round = first_round_s(LOCK_MS)
     ttl = int(first_round * 1000)
@@ -69,7 +49,7 @@ def _start(
     manager = reports.start(proxy.url, KEYS, lock_duration=LOCK_MS)
     for job_id, token in plain.items():
         track_job(manager, job_id, token)
-    targets = {job_id: Target() for job_id in notified}
+    targets = {job_id: Inbox() for job_id in notified}
     for job_id, token in notified.items():
         track_job(manager, job_id, token, notify=targets[job_id])
     held = [lease(manager, job_id, token).__enter__() for job_id, token in leased.items()]
@@ -104,7 +84,7 @@ def test_2000ms_locks_survive_a_steady_200ms_delay_with_no_loss_and_no_unconfirm
     assert stats.max_tick_ms >= TOLERATED_S * 1000
     assert seen.missing == set()
     assert reports.lost() == []
-    assert [m for target in targets.values() for m in target.messages()] == []
+    assert [m for target in targets.values() for m in target.timed] == []
     assert [h.reason for h in held] == [None, None]
     assert set(reports.renewed(since=since)) == set(tokens)
     for h in held:
@@ -146,7 +126,7 @@ def test_a_delay_beyond_the_bound_tells_watchers_unconfirmed_before_the_server_e
         time.sleep(0.01)
 
     for job_id, target in targets.items():
-        messages = target.messages()
+        messages = target.timed
         assert len(messages) == 1, f"{job_id}: told {messages}"
         told_at, message = messages[0]
         assert isinstance(message, LockLost) and message.reason == "unconfirmed", message

@@ -9,13 +9,12 @@ the same done by a keeper actor, and its own test runs it).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pykka
 
 from actors import (
     ExtendLocks,
-    LockLost,
     LockManager,
     QueueKeys,
     get_tracked_job_ids,
@@ -23,7 +22,7 @@ from actors import (
     stop,
     track_job,
 )
-from tests.support import job_ids, take_locks, wait_for, watch_locks
+from tests.support import JobActor, job_ids, take_locks, told, wait_for, watch_locks
 
 if TYPE_CHECKING:
     import redis
@@ -38,20 +37,6 @@ JOBS = 20
 ASK_S = 5.0
 
 
-class Watcher(pykka.ThreadingActor):
-    """Records every ``LockLost`` it is told."""
-
-    use_daemon_thread = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lost: list[LockLost] = []
-
-    def on_receive(self, message: Any) -> None:
-        if isinstance(message, LockLost):
-            self.lost.append(message)
-
-
 def live_managers() -> list[pykka.ActorRef[LockManager]]:
     return [
         ref
@@ -64,7 +49,7 @@ def test_a_stopped_manager_is_replaced_and_no_held_lock_lapses(
     server: Server, redis_client: redis.Redis, record: FaultRecord
 ) -> None:
     # Given 20 locks, taken now, tracked by a manager on behalf of a watcher
-    watcher = Watcher.start()
+    watcher = JobActor.start()
     taken_at = time.monotonic_ns() // 1_000_000
     jobs = take_locks(redis_client, KEYS, job_ids(JOBS), LOCK_MS)
     first = start_link(connection=server.url, keys=KEYS, lock_duration=LOCK_MS)
@@ -78,7 +63,7 @@ def test_a_stopped_manager_is_replaced_and_no_held_lock_lapses(
     stop(first)
 
     # Then every watched job is told, once, why nobody renews it now
-    lost: list[LockLost] = watcher.proxy().lost.get(timeout=ASK_S)
+    lost = [message for _, message in told(watcher, ASK_S)]
     assert sorted((item.job_id, item.token, item.reason) for item in lost) == sorted(
         (job_id, token, "manager_stopped") for job_id, token in jobs.items()
     )
@@ -96,4 +81,4 @@ def test_a_stopped_manager_is_replaced_and_no_held_lock_lapses(
     assert seen.lowest_pttl is not None and seen.lowest_pttl > 0
     assert record.locks_lost == 0
     assert live_managers() == [second]
-    assert len(watcher.proxy().lost.get(timeout=ASK_S)) == JOBS
+    assert len(told(watcher, ASK_S)) == JOBS

@@ -49,7 +49,7 @@ from tests.support import (
     assert_still_renewing,
     manual_timer,
     settle,
-    start_manager,
+    start_short,
     take_locks,
     tick,
     wait_for,
@@ -109,7 +109,7 @@ Renewing = tuple[ManagerRef, dict[str, str]]
 def renewing(redis_client: redis.Redis) -> Renewing:
     """A manager renewing job ``"a"``'s short lock: what each test checks goes on."""
     tokens = take_locks(redis_client, KEYS, ["a"], TTL)
-    manager = start_manager(redis_client, KEYS)
+    manager = start_short(redis_client, KEYS)
     track_job(manager, "a", tokens["a"])
     return manager, tokens
 
@@ -203,7 +203,7 @@ def test_every_door_refuses_bad_input_at_the_caller_and_the_manager_lives(
 ) -> None:
     # A deferred proxy call is checked as the others are, and a lone
     # surrogate, which no lock key can hold, is refused.
-    manager = start_manager(redis_client, KEYS)
+    manager = start_short(redis_client, KEYS)
     tokens = take_locks(redis_client, KEYS, ["good"], TTL)
     track_job(manager, "good", tokens["good"])
     proxy = manager.proxy()
@@ -248,7 +248,7 @@ def test_a_callback_that_queries_its_own_manager_gets_answers_at_once(
         manager.ask(ExtendLocks(), timeout=TTL / 1000)
         done.set()
 
-    manager = start_manager(redis_client, KEYS, on_locks_renewed=on_renewed)
+    manager = start_short(redis_client, KEYS, on_locks_renewed=on_renewed)
     holder.append(manager)
     tokens = take_locks(redis_client, KEYS, ["a", "b"], TTL)
     track_job(manager, "a", tokens["a"])
@@ -284,7 +284,7 @@ def test_a_told_proxy_get_attr_of_a_bad_path_is_refused_at_the_caller(
     """
     tokens = take_locks(redis_client, KEYS, ["a"], TTL)
     inbox = Inbox()
-    manager = start_manager(redis_client, KEYS)
+    manager = start_short(redis_client, KEYS)
     track_job(manager, "a", tokens["a"], notify=inbox)
     settle(manager)
 
@@ -321,7 +321,7 @@ def test_an_early_grid_tick_from_a_caller_leaves_the_timer_on_its_grid(
             self._timer.close()
 
     tokens = take_locks(redis_client, KEYS, ["a"], TTL)
-    manager = start_manager(redis_client, KEYS, timer=Recording)
+    manager = start_short(redis_client, KEYS, timer=Recording)
     track_job(manager, "a", tokens["a"])
     settle(manager)
 
@@ -354,7 +354,7 @@ def test_a_proxy_call_from_a_callback_returns_at_once(redis_client: redis.Redis)
             outcome["value"] = exc
         outcome["elapsed"] = time.monotonic() - started
 
-    manager = start_manager(redis_client, KEYS, on_locks_renewed=on_renewed)
+    manager = start_short(redis_client, KEYS, on_locks_renewed=on_renewed)
     track_job(manager, "a", tokens["a"])
     wait_for(lambda: "elapsed" in outcome, budget + WATCH_S, "the callback")
     assert not isinstance(outcome["value"], pykka.Timeout), "the call waited for itself"
@@ -370,7 +370,7 @@ def test_a_clock_in_float_milliseconds_is_refused_at_start(
     caller; it is refused where the mistake is made.
     """
     with pytest.raises(TypeError, match="clock must return int milliseconds"):
-        start_manager(redis_client, KEYS, clock=lambda: time.monotonic() * 1000)
+        start_short(redis_client, KEYS, clock=lambda: time.monotonic() * 1000)
 
 
 @pytest.mark.usefixtures("logged")
@@ -421,7 +421,7 @@ def test_a_notify_target_whose_tell_fails_is_named_by_its_type(
 def test_an_int_subclass_is_kept_as_a_plain_int(redis_client: redis.Redis) -> None:
     """A ``ts`` or ``max_hold`` of an int subclass is kept as a plain int: every tick goes on."""
     tokens = take_locks(redis_client, KEYS, ["a", "b"], TTL)
-    manager = start_manager(redis_client, KEYS)
+    manager = start_short(redis_client, KEYS)
     ts = manager.clock()
     message = TrackJob("a", tokens["a"], ts=_TrappedInt(ts), max_hold=_TrappedInt(60_000))
     assert type(message.ts) is int and message.ts == ts
@@ -445,7 +445,7 @@ def test_an_int_enum_is_a_fine_duration() -> None:
 def test_a_str_subclass_is_kept_as_a_plain_str(redis_client: redis.Redis) -> None:
     """A str subclass is accepted, for what it holds, and kept as a plain str."""
     tokens = take_locks(redis_client, KEYS, ["a"], TTL)
-    manager = start_manager(redis_client, KEYS)
+    manager = start_short(redis_client, KEYS)
     message = TrackJob(_TrappedStr("a"), _TrappedStr(tokens["a"]))
     assert type(message.job_id) is str and type(message.token) is str
     manager.tell(message)
@@ -506,7 +506,7 @@ def test_the_timers_tick_goes_ahead_of_a_backlog(redis_client: redis.Redis) -> N
         fires.append(fire)
         return timers(fire, name)
 
-    manager = start_manager(
+    manager = start_short(
         redis_client,
         KEYS,
         clock=clock,
@@ -566,7 +566,7 @@ def test_an_extend_locks_anybody_sends_waits_its_turn(redis_client: redis.Redis)
 
 def test_a_proxy_reads_values_not_the_managers_machinery(redis_client: redis.Redis) -> None:
     """A proxy reads values: never the mailbox, the thread or bound methods."""
-    manager = start_manager(redis_client, KEYS)
+    manager = start_short(redis_client, KEYS)
     proxy = manager.proxy()
     assert proxy.queue_name.get(timeout=5) == KEYS.name
     for name in ("actor_inbox", "actor_stopped", "thread"):

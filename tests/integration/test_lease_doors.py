@@ -21,7 +21,7 @@ from tests.support import (
     LockTable,
     ManualTimers,
     settle,
-    start_manager,
+    start_short,
     take_locks,
     wait_for,
     watch_locks,
@@ -39,7 +39,7 @@ def test_a_lease_is_told_when_its_job_is_leased_again_with_a_new_token(
     run goes on: the first lease's lock now holds another token, and the first
     lease hears that it is stolen, so its job does not go on as if it held it.
     """
-    manager = start_manager(redis_client, KEYS, own_client=True)
+    manager = start_short(redis_client, KEYS, own_client=True)
     first_token = take_locks(redis_client, KEYS, ["j"], TTL)["j"]
     with lease(manager, "j", first_token) as first:
         # The job is taken again (a new token on its lock), and leased again.
@@ -59,7 +59,7 @@ def test_leaving_one_of_two_leases_on_one_lock_keeps_the_other_renewed(
     Each lease is its own claim: leaving the first removes only the first's,
     and the second lease's lock is renewed for as long as it is held.
     """
-    manager = start_manager(redis_client, KEYS, own_client=True)
+    manager = start_short(redis_client, KEYS, own_client=True)
     tokens = take_locks(redis_client, KEYS, ["j"], TTL)
     with lease(manager, "j", tokens["j"]) as held:
         with lease(manager, "j", tokens["j"]):
@@ -77,7 +77,7 @@ def test_leaving_a_lease_never_entered_leaves_the_job_tracked(redis_client: redi
     before an ``__enter__`` that raised, say) holds no claim: its exit leaves a
     job tracked by somebody else with the same token renewed.
     """
-    manager = start_manager(redis_client, KEYS, own_client=True)
+    manager = start_short(redis_client, KEYS, own_client=True)
     tokens = take_locks(redis_client, KEYS, ["j"], TTL)
     track_job(manager, "j", tokens["j"])
     never_entered = lease(manager, "j", tokens["j"])
@@ -92,7 +92,7 @@ def test_leaving_a_lease_twice_leaves_the_jobs_next_lock_tracked(redis_client: r
     (a progress hook, or a new lease); leaving the old lease once more sends
     nothing: that lock is still renewed.
     """
-    manager = start_manager(redis_client, KEYS, own_client=True)
+    manager = start_short(redis_client, KEYS, own_client=True)
     tokens = take_locks(redis_client, KEYS, ["j"], TTL)
     held = lease(manager, "j", tokens["j"])
     with held:
@@ -110,7 +110,7 @@ def test_wait_with_a_nan_timeout_never_spins_a_core(
     A ``nan`` timeout is refused (``ValueError``) or returns at once, as
     ``threading.Event.wait`` does; a waiting thread uses next to no CPU.
     """
-    manager = start_manager(redis_client, KEYS, own_client=True)
+    manager = start_short(redis_client, KEYS, own_client=True)
     tokens = take_locks(redis_client, KEYS, ["j"], TTL)
     held = lease(manager, "j", tokens["j"]).__enter__()
     spent: list[float] = []
@@ -156,7 +156,7 @@ def test_aio_stop_from_a_callback_returns_as_stop_does(
         except pykka.Timeout as error:
             outcome.append(error)
 
-    manager = start_manager(redis_client, KEYS, own_client=True, on_locks_renewed=callback)
+    manager = start_short(redis_client, KEYS, own_client=True, on_locks_renewed=callback)
     tokens = take_locks(redis_client, KEYS, ["j"], TTL)
     track_job(manager, "j", tokens["j"])
     wait_for(lambda: outcome, 10 * WATCH_S, "the callback's aio.stop to return")

@@ -38,7 +38,7 @@ from tests.support import (
     new_token,
     set_locks,
     settle,
-    start_manager,
+    start_short,
     steal,
     take_locks,
     wait_for,
@@ -161,7 +161,7 @@ def test_a_lost_lock_is_reported_with_its_token_reason_and_key(
     engine_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     recorder = Recorder()
-    manager = start_manager(engine_client, KEYS, **recorder.callbacks())
+    manager = start_short(engine_client, KEYS, **recorder.callbacks())
     tokens = take_locks(engine_client, KEYS, ["stolen", "gone", "kept"], TTL)
     for job_id, token in tokens.items():
         track_job(manager, job_id, token)
@@ -184,7 +184,7 @@ def test_a_lock_key_of_another_type_is_one_lost_job_and_the_rest_are_renewed(
     # GET on a hash raises inside the script: the job is reported stolen
     # and the script goes on with the others.
     recorder = Recorder()
-    manager = start_manager(engine_client, KEYS, **recorder.callbacks())
+    manager = start_short(engine_client, KEYS, **recorder.callbacks())
     tokens = take_locks(engine_client, KEYS, ["a", "b", "c"], TTL)
     for job_id, token in tokens.items():
         track_job(manager, job_id, token)
@@ -205,7 +205,7 @@ def test_a_lease_is_still_told_when_its_lock_is_tracked_with_another_target(
     Each claim keeps its own target: when the lock is stolen, the actor is told
     and the lease reports ``lost`` and fails ``check()``.
     """
-    manager = start_manager(engine_client, KEYS, own_client=True)
+    manager = start_short(engine_client, KEYS, own_client=True)
     token = take_locks(engine_client, KEYS, ["j"], TTL)["j"]
     actor = Inbox()
     with lease(manager, "j", token) as held:
@@ -229,7 +229,7 @@ def test_every_target_of_a_lock_is_told_once_however_often_it_asked(
     without a target: each of ``a`` and ``b`` hears of the loss exactly once,
     and nothing more in the ticks after.
     """
-    manager = start_manager(engine_client, KEYS, own_client=True)
+    manager = start_short(engine_client, KEYS, own_client=True)
     token = take_locks(engine_client, KEYS, ["j"], TTL)["j"]
     a, b = Inbox(), Inbox()
     track_job(manager, "j", token, notify=a)
@@ -254,7 +254,7 @@ def test_a_new_token_tells_every_target_of_the_old_lock(engine_client: redis.Red
     lock hears ``"stolen"`` with the old token, at once. The new lock starts
     afresh: only its own target hears of its loss later.
     """
-    manager = start_manager(engine_client, KEYS, own_client=True)
+    manager = start_short(engine_client, KEYS, own_client=True)
     old = take_locks(engine_client, KEYS, ["j"], TTL)["j"]
     a, b, c = Inbox(), Inbox(), Inbox()
     track_job(manager, "j", old, notify=a)
@@ -277,7 +277,7 @@ def test_max_hold_tells_every_target(engine_client: redis.Redis) -> None:
 
     The deadline is the first track's (adding a target does not slide it).
     """
-    manager = start_manager(engine_client, KEYS, own_client=True)
+    manager = start_short(engine_client, KEYS, own_client=True)
     token = take_locks(engine_client, KEYS, ["j"], 10 * TTL)["j"]
     a, b = Inbox(), Inbox()
     track_job(manager, "j", token, notify=a, max_hold=MAX_HOLD)
@@ -300,7 +300,7 @@ def test_a_stopping_manager_tells_every_target(engine_client: redis.Redis) -> No
     Nobody renews the lock from then on: each target hears
     ``"manager_stopped"``, once.
     """
-    manager = start_manager(engine_client, KEYS, own_client=True)
+    manager = start_short(engine_client, KEYS, own_client=True)
     token = take_locks(engine_client, KEYS, ["j"], TTL)["j"]
     a, b = Inbox(), Inbox()
     track_job(manager, "j", token, notify=a)

@@ -34,7 +34,7 @@ from tests.support import (
     LockTable,
     ManualTimers,
     settle,
-    start_manager,
+    start_short,
     wait_for,
 )
 
@@ -78,7 +78,7 @@ WAIT_S = 10.0
 
 def test_concurrent_stops_all_return(redis_client: redis.Redis) -> None:
     for _ in range(20):
-        manager = start_manager(redis_client, KEYS)
+        manager = start_short(redis_client, KEYS)
         returned: list[bool] = []
 
         def stop_it(m: ManagerRef = manager, r: list[bool] = returned) -> None:
@@ -97,7 +97,7 @@ def test_concurrent_stops_all_return(redis_client: redis.Redis) -> None:
 def test_after_stop_tells_warn_once_and_asks_say_stopped(
     redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    manager = start_manager(redis_client, KEYS)
+    manager = start_short(redis_client, KEYS)
     stop(manager)
     with caplog.at_level(logging.WARNING, logger="actors"):
         track_job(manager, "a", "t")
@@ -114,7 +114,7 @@ def test_after_stop_tells_warn_once_and_asks_say_stopped(
 
 def test_an_ask_racing_stop_is_answered(redis_client: redis.Redis) -> None:
     """An ask put after pykka's last pass over the mailbox is answered, never left waiting."""
-    manager = start_manager(redis_client, KEYS)
+    manager = start_short(redis_client, KEYS)
     settle(manager)  # the manager's own thread has started
     actor_thread = manager._manager.thread
     assert actor_thread is not None

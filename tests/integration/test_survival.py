@@ -37,7 +37,7 @@ from tests.support import (
     ManualTimers,
     assert_still_renewing,
     settle,
-    start_manager,
+    start_short,
     take_locks,
     tick,
     wait_for,
@@ -117,7 +117,7 @@ def test_a_callback_raising_system_exit_stops_nothing(redis_client: redis.Redis)
     def on_renewed(ids: list[str]) -> None:
         raise SystemExit(1)
 
-    manager = start_manager(redis_client, KEYS, on_locks_renewed=on_renewed)
+    manager = start_short(redis_client, KEYS, on_locks_renewed=on_renewed)
     tokens = take_locks(redis_client, KEYS, ["a"], TTL)
     track_job(manager, "a", tokens["a"])
     seen = watch_locks(redis_client, KEYS, tokens, seconds=3 * TTL / 1000)
@@ -194,7 +194,7 @@ def test_a_notify_target_raising_base_exception_stops_no_actor(
     bystander = Bystander.start()
     other = start_link(connection=redis_client, keys=QueueKeys("other"), lock_duration=TTL)
     tokens = take_locks(redis_client, KEYS, ["a"], TTL)
-    manager = start_manager(redis_client, KEYS)
+    manager = start_short(redis_client, KEYS)
     track_job(manager, "a", tokens["a"], notify=Raising())
     track_job(manager, "gone", "token-of-a-lock-that-never-was", notify=Raising())
     wait_for(
@@ -231,7 +231,7 @@ def test_a_notify_target_may_untrack_a_renewed_job_during_the_tick(
             assert manager is not None
             untrack_job(manager, "renewed", wait=True)
 
-    manager = start_manager(redis_client, KEYS)
+    manager = start_short(redis_client, KEYS)
     # One stamp for both, so that one tick finds both due.
     taken = time.monotonic_ns() // 1_000_000
     track_job(manager, "lost", tokens["lost"], ts=taken, notify=UntracksAnother())
@@ -256,7 +256,7 @@ def test_a_renewer_whose_close_raises_base_exception_stops_nothing(
         def close(self) -> None:
             raise KeyboardInterrupt
 
-    other = start_manager(redis_client, KEYS)
+    other = start_short(redis_client, KEYS)
     manager = start_link(keys=KEYS, renewer=Renewer(), lock_duration=TTL)  # type: ignore[arg-type]
 
     manager.stop(timeout=5)

@@ -27,7 +27,7 @@ from tests.support import (
     delivered,
     manual_timer,
     settle,
-    start_manager,
+    start_short,
     take_locks,
     tick,
     wait_for,
@@ -43,7 +43,7 @@ KEYS = QueueKeys("tracking")
 
 def test_a_burst_of_manual_ticks_leaves_the_timer_alone(engine_client: redis.Redis) -> None:
     # A "renew now" leaves the timer's grid where it is.
-    manager = start_manager(engine_client, KEYS)
+    manager = start_short(engine_client, KEYS)
     tokens = take_locks(engine_client, KEYS, ["a"], TTL)
     track_job(manager, "a", tokens["a"])
     ticks_before = get_stats(manager).ticks
@@ -71,7 +71,7 @@ def test_tracking_again_with_the_same_token_never_delays_renewal(
 ) -> None:
     # A progress hook re-tracking every 60 ms must not keep the job "fresh"
     # forever, so that its lock expires with no renewal and no report.
-    manager = start_manager(engine_client, KEYS)
+    manager = start_short(engine_client, KEYS)
     tokens = take_locks(engine_client, KEYS, ["a"], TTL)
     track_job(manager, "a", tokens["a"])
     deadline = time.monotonic() + 5 * TTL / 1000
@@ -86,7 +86,7 @@ def test_tracking_again_with_the_same_token_never_delays_renewal(
 
 def test_a_new_token_is_a_fresh_lock(redis_client: redis.Redis) -> None:
     recorder = Recorder()
-    manager = start_manager(redis_client, KEYS, **recorder.callbacks())
+    manager = start_short(redis_client, KEYS, **recorder.callbacks())
     old = take_locks(redis_client, KEYS, ["a"], TTL)["a"]
     track_job(manager, "a", old)
     redis_client.set(KEYS.lock("a"), "new-token", px=TTL)
@@ -101,7 +101,7 @@ def test_untracking_an_old_lock_by_its_token_leaves_the_new_one_tracked(
 ) -> None:
     # A lease (or a worker) releasing its old lock must not untrack the job's
     # newer lock, taken since with another token.
-    manager = start_manager(redis_client, KEYS)
+    manager = start_short(redis_client, KEYS)
     track_job(manager, "a", "old-token")
     redis_client.set(KEYS.lock("a"), "new-token", px=TTL)
     track_job(manager, "a", "new-token")
@@ -123,7 +123,7 @@ def test_tracking_again_with_the_same_token_keeps_the_notify_target(
     """
     tokens = take_locks(redis_client, KEYS, ["a"], TTL)
     inbox = Inbox()
-    manager = start_manager(redis_client, KEYS, max_hold=600_000)
+    manager = start_short(redis_client, KEYS, max_hold=600_000)
     track_job(manager, "a", tokens["a"], notify=inbox)
     track_job(manager, "a", tokens["a"])  # a progress hook
     settle(manager)

@@ -17,13 +17,11 @@ import threading
 import time
 import uuid
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import pykka
 import pytest
 
 from actors import (
-    LockLost,
     QueueKeys,
     get_active_job_count,
     is_tracked,
@@ -34,7 +32,7 @@ from actors import (
 )
 from actors.process import parent, shared
 from tests.isolation.conftest import children, gone
-from tests.support import Recorder, take_locks, wait_for, wait_ticks
+from tests.support import JobActor, Recorder, take_locks, told, wait_for, wait_ticks
 
 if TYPE_CHECKING:
     import redis
@@ -50,27 +48,6 @@ KEYS = QueueKeys("child-faults")
 LOCK_MS = 3000
 #: Seconds within which something a few ticks bring happens, with a margin.
 SOON_S = 10.0
-
-
-class Watcher(pykka.ThreadingActor):
-    """A job actor watching its lock: keeps what the manager tells it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.told: list[tuple[float, LockLost]] = []
-
-    def on_receive(self, message: Any) -> Any:
-        if isinstance(message, LockLost):
-            self.told.append((time.monotonic(), message))
-            return None
-        return list(self.told)
-
-
-def told_to(watcher: pykka.ActorRef[Watcher]) -> list[tuple[float, LockLost]]:
-    """What ``watcher`` was told so far, and when."""
-    told = watcher.ask("told", block=True)
-    assert isinstance(told, list)
-    return told
 
 
 class Renewals(Recorder):
@@ -112,7 +89,7 @@ def test_a_killed_child_loses_no_watched_lock(
     recorder = Renewals()
     manager = _start(server, recorder)
     tokens = take_locks(redis_client, KEYS, ["actor", "leased", "plain"], LOCK_MS)
-    watcher = Watcher.start()
+    watcher = JobActor.start()
     track_job(manager, "actor", tokens["actor"], notify=watcher)
     track_job(manager, "plain", tokens["plain"])
     with lease(manager, "leased", tokens["leased"]) as held:
@@ -134,7 +111,7 @@ def test_a_killed_child_loses_no_watched_lock(
         wait_for(lambda: recorder.renewed(since=killed)["actor"] >= 5, SOON_S, "renewals again")
         held.check()
     assert gone(first)
-    assert told_to(watcher) == []
+    assert told(watcher) == []
     assert recorder.lost() == []
     assert redis_client.mget([KEYS.lock(j) for j in tokens]) == [
         t.encode() for t in tokens.values()
@@ -155,7 +132,7 @@ def test_a_stopped_child_leaves_no_watcher_untold_before_another_worker_takes_th
     recorder = Renewals()
     manager = _start(server, recorder)
     tokens = take_locks(redis_client, KEYS, ["actor", "leased"], LOCK_MS)
-    watcher = Watcher.start()
+    watcher = JobActor.start()
     track_job(manager, "actor", tokens["actor"], notify=watcher)
     taken: dict[str, float] = {}
     other = str(uuid.uuid4())
@@ -186,14 +163,14 @@ def test_a_stopped_child_leaves_no_watcher_untold_before_another_worker_takes_th
             lost_at = wait_for(
                 lambda: held.lost and time.monotonic(), 2 * LOCK_MS / 1000, "the lease's loss"
             )
-            told = wait_for(lambda: told_to(watcher), 2 * LOCK_MS / 1000, "the actor told")
+            heard = wait_for(lambda: told(watcher), 2 * LOCK_MS / 1000, "the actor told")
             taker.join()
         finally:
             # A child silent for a trust window is killed meanwhile: it may be gone.
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGCONT)
         assert held.reason == "unconfirmed"
-    (told_at, message), *more = told
+    (told_at, message), *more = heard
     assert more == []
     assert message.reason == "unconfirmed"
     assert sorted(taken) == ["actor", "leased"]
@@ -258,7 +235,7 @@ def test_a_child_that_keeps_dying_stops_the_manager_and_says_so(
     recorder = Renewals()
     manager = _start(server, recorder)
     tokens = take_locks(redis_client, KEYS, ["plain", "actor"], LOCK_MS)
-    watcher = Watcher.start()
+    watcher = JobActor.start()
     track_job(manager, "plain", tokens["plain"])
     track_job(manager, "actor", tokens["actor"], notify=watcher)
     # When its child dies once more than it may
@@ -272,7 +249,7 @@ def test_a_child_that_keeps_dying_stops_the_manager_and_says_so(
     [error] = wait_for(recorder.errors, SOON_S, "on_error")
     assert isinstance(error, RuntimeError)
     assert "ended 2 times within 60 s; the manager stops" in str(error)
-    assert [lost.reason for _, lost in wait_for(lambda: told_to(watcher), SOON_S, "told")] == [
+    assert [lost.reason for _, lost in wait_for(lambda: told(watcher), SOON_S, "told")] == [
         "manager_stopped"
     ]
     assert children() == []
@@ -284,7 +261,7 @@ def test_queries_are_answered_while_a_new_child_starts(
     recorder = Renewals()
     manager = _start(server, recorder)
     tokens = take_locks(redis_client, KEYS, ["j"], LOCK_MS)
-    track_job(manager, "j", tokens["j"], notify=Watcher.start())
+    track_job(manager, "j", tokens["j"], notify=JobActor.start())
     wait_for(lambda: recorder.renewed()["j"] >= 1, SOON_S, "a renewal")
     [first] = children()
     killed = time.monotonic()
@@ -338,7 +315,7 @@ def test_a_stopped_child_whose_socket_fills_holds_up_neither_answers_nor_deadlin
     recorder = Renewals()
     manager = _start(server, recorder)
     tokens = take_locks(redis_client, KEYS, ["watched"], LOCK_MS)
-    watcher = Watcher.start()
+    watcher = JobActor.start()
     track_job(manager, "watched", tokens["watched"], notify=watcher)
     wait_for(lambda: recorder.renewed()["watched"] >= 2, SOON_S, "a few renewals")
     [child] = children()
@@ -350,8 +327,8 @@ def test_a_stopped_child_whose_socket_fills_holds_up_neither_answers_nor_deadlin
             track_job(manager, f"burst-{i}", "x" * 64)
         # Then the manager still answers at once, and the watcher is told in time
         assert get_active_job_count(manager, timeout=SOON_S) == 20_001
-        told = wait_for(lambda: told_to(watcher), 2 * LOCK_MS / 1000, "the watcher told")
-        assert [lost.reason for _, lost in told] == ["unconfirmed"]
+        heard = wait_for(lambda: told(watcher), 2 * LOCK_MS / 1000, "the watcher told")
+        assert [lost.reason for _, lost in heard] == ["unconfirmed"]
         assert redis_client.get(KEYS.lock("watched")) == tokens["watched"].encode()
     finally:
         # A child silent for a trust window is killed meanwhile: it may be gone.

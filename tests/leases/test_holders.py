@@ -33,7 +33,7 @@ from tests.support import (
     Recorder,
     delivered,
     settle,
-    start_manager,
+    start_short,
     steal,
     take_locks,
     wait_for,
@@ -60,7 +60,7 @@ WATCH_S = 2.5 * TTL / 1000
 def test_leaving_a_lease_keeps_the_workers_renewal(engine_client: redis.Redis) -> None:
     # Given a worker that tracks its job, and the job holding a lease for one phase
     recorder = Recorder()
-    manager = start_manager(
+    manager = start_short(
         engine_client, KEYS, own_client=True, lock_duration=TTL, **recorder.callbacks()
     )
     tokens = take_locks(engine_client, KEYS, ["j2"], TTL)
@@ -77,7 +77,7 @@ def test_leaving_a_lease_keeps_the_workers_renewal(engine_client: redis.Redis) -
 
 def test_leaving_a_lease_keeps_a_job_actors_watch(engine_client: redis.Redis) -> None:
     # Given a job actor watching the lock beside a lease
-    manager = start_manager(engine_client, KEYS, own_client=True, lock_duration=TTL)
+    manager = start_short(engine_client, KEYS, own_client=True, lock_duration=TTL)
     tokens = take_locks(engine_client, KEYS, ["j2"], TTL)
     actor = Inbox()
     track_job(manager, "j2", tokens["j2"], notify=actor)
@@ -99,7 +99,7 @@ def test_leaving_a_lease_keeps_a_job_actors_watch(engine_client: redis.Redis) ->
 
 def test_a_workers_untrack_leaves_the_lease_watching(engine_client: redis.Redis) -> None:
     # Given a worker that tracks, and a lease with a watchdog thread waiting on it
-    manager = start_manager(engine_client, KEYS, own_client=True, lock_duration=TTL)
+    manager = start_short(engine_client, KEYS, own_client=True, lock_duration=TTL)
     tokens = take_locks(engine_client, KEYS, ["j1"], TTL)
     track_job(manager, "j1", tokens["j1"])
     woke: list[bool] = []
@@ -121,7 +121,7 @@ def test_a_workers_untrack_leaves_the_lease_watching(engine_client: redis.Redis)
 
 def test_every_wait_wakes_when_the_manager_stops(engine_client: redis.Redis) -> None:
     # Given a lease whose worker untracked the job, waited on by a thread and a task
-    manager = start_manager(engine_client, KEYS, own_client=True, lock_duration=TTL)
+    manager = start_short(engine_client, KEYS, own_client=True, lock_duration=TTL)
     tokens = take_locks(engine_client, KEYS, ["j1"], TTL)
     track_job(manager, "j1", tokens["j1"])
     woke: list[bool] = []
@@ -153,7 +153,7 @@ def test_every_wait_wakes_when_the_manager_stops(engine_client: redis.Redis) -> 
 def test_a_lost_lock_tracked_again_is_told_and_reported_once(engine_client: redis.Redis) -> None:
     # Given an actor that tracks its job, whose lock is then stolen
     recorder = Recorder()
-    manager = start_manager(
+    manager = start_short(
         engine_client, KEYS, own_client=True, lock_duration=TTL, **recorder.callbacks()
     )
     tokens = take_locks(engine_client, KEYS, ["j1"], TTL)
@@ -183,7 +183,7 @@ def test_a_target_that_tracks_again_in_its_tell_is_told_once(
     engine_client: redis.Redis,
 ) -> None:
     # Given a target whose tell tracks its lock again, as a restarting job might
-    manager = start_manager(engine_client, KEYS, own_client=True, lock_duration=TTL)
+    manager = start_short(engine_client, KEYS, own_client=True, lock_duration=TTL)
     tokens = take_locks(engine_client, KEYS, ["j1"], TTL)
 
     class TracksAgain(Inbox):
@@ -208,7 +208,7 @@ def test_a_target_that_tracks_again_in_its_tell_is_told_once(
 def test_a_leases_max_hold_applies_beside_a_longer_cap(engine_client: redis.Redis) -> None:
     # Given a manager capped at a minute, and a worker that tracked first
     recorder = Recorder()
-    manager = start_manager(
+    manager = start_short(
         engine_client,
         KEYS,
         own_client=True,
@@ -234,7 +234,7 @@ def test_a_lease_without_a_cap_outlives_another_claims_deadline(
 ) -> None:
     # Given a worker that tracks with a short cap, and a lease without one
     recorder = Recorder()
-    manager = start_manager(
+    manager = start_short(
         engine_client, KEYS, own_client=True, lock_duration=TTL, **recorder.callbacks()
     )
     tokens = take_locks(engine_client, KEYS, ["j"], TTL)
@@ -254,7 +254,7 @@ def test_a_lease_without_a_cap_outlives_another_claims_deadline(
 
 
 def test_a_target_ends_its_own_claim_with_untrack_job_notify(engine_client: redis.Redis) -> None:
-    manager = start_manager(engine_client, KEYS, own_client=True, lock_duration=TTL)
+    manager = start_short(engine_client, KEYS, own_client=True, lock_duration=TTL)
     token = take_locks(engine_client, KEYS, ["j9"], TTL)["j9"]
     watcher = Inbox()
     track_job(manager, "j9", token)

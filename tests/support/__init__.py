@@ -13,8 +13,9 @@ Each name is documented where it is defined:
 - driving a manager by hand (:mod:`tests.support.manual`): :class:`ManualClock`,
   :func:`manual_timer`, :func:`tick`, :func:`settle`, :func:`delivered`, :func:`unchecked`;
 - fakes for the manager's seams (:mod:`tests.support.fakes`): :class:`LockTable`,
-  :class:`Inbox`, :class:`FlakyClock`, :class:`HoldingClock`;
-- short locks (:mod:`tests.support.short_locks`): :data:`TTL`, :func:`start_manager`,
+  :class:`Inbox`, :class:`Silent`, :class:`JobActor` (:func:`told`), :class:`FlakyClock`,
+  :class:`HoldingClock`;
+- short locks (:mod:`tests.support.short_locks`): :data:`TTL`, :func:`start_short`,
   :func:`assert_still_renewing`, :class:`Bystander`.
 
 Nothing here mocks Redis: the lock helpers talk to the real server the
@@ -23,7 +24,7 @@ fixtures of ``tests/conftest.py`` start.
 
 from __future__ import annotations
 
-from tests.support.fakes import FlakyClock, HoldingClock, Inbox, LockTable
+from tests.support.fakes import FlakyClock, HoldingClock, Inbox, JobActor, LockTable, Silent, told
 from tests.support.locks import (
     LockWatch,
     PackedCommands,
@@ -56,7 +57,7 @@ from tests.support.short_locks import (
     WATCH_S,
     Bystander,
     assert_still_renewing,
-    start_manager,
+    start_short,
 )
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "FlakyClock",
     "HoldingClock",
     "Inbox",
+    "JobActor",
     "LockTable",
     "LockWatch",
     "ManualClock",
@@ -74,6 +76,7 @@ __all__ = [
     "PackedCommands",
     "Recorder",
     "Server",
+    "Silent",
     "alive",
     "assert_still_renewing",
     "command_calls",
@@ -88,10 +91,11 @@ __all__ = [
     "new_token",
     "set_locks",
     "settle",
-    "start_manager",
+    "start_short",
     "steal",
     "take_locks",
     "tick",
+    "told",
     "unchecked",
     "wait_for",
     "wait_ticks",

@@ -3,6 +3,7 @@
 - :class:`LockTable`: the server's lock keys in memory, as ``start_link(renewer=...)``;
 - :class:`Inbox`: a ``notify`` target (a job actor, say) that keeps what it is told;
 - :class:`Silent`: a ``notify`` target that drops what it is told;
+- :class:`JobActor`: a pykka job actor that keeps each ``LockLost`` it is told;
 - :class:`FlakyClock`: a :class:`~tests.support.manual.ManualClock` whose next reading may raise;
 - :class:`HoldingClock`: a :class:`~tests.support.manual.ManualClock` that can hold the
   manager's own thread in a reading, while the test lays out its mailbox.
@@ -11,18 +12,20 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
+import pykka
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from actors.messages import EXPIRED, STOLEN
+from actors.messages import EXPIRED, STOLEN, LockLost
 from actors.renewer import BatchOutcome, ChunkError
 from tests.support.manual import ManualClock
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-__all__ = ["FlakyClock", "HoldingClock", "Inbox", "LockTable", "Silent"]
+__all__ = ["FlakyClock", "HoldingClock", "Inbox", "JobActor", "LockTable", "Silent", "told"]
 
 #: Most seconds a held reading waits for its release: only a broken test waits that long.
 HOLD_TIMEOUT = 30.0
@@ -86,18 +89,50 @@ class Inbox:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._got: list[Any] = []
+        self._got: list[tuple[float, Any]] = []
 
     def tell(self, message: Any) -> None:
-        """Keep ``message``."""
+        """Keep ``message``, with the monotonic time it came."""
         with self._lock:
-            self._got.append(message)
+            self._got.append((time.monotonic(), message))
 
     @property
     def got(self) -> list[Any]:
         """Every message told so far, in order."""
         with self._lock:
+            return [message for _, message in self._got]
+
+    @property
+    def timed(self) -> list[tuple[float, Any]]:
+        """Every message told so far with when it came (``time.monotonic()``)."""
+        with self._lock:
             return list(self._got)
+
+
+class JobActor(pykka.ThreadingActor):
+    """A pykka job actor watching its lock: keeps each ``LockLost`` with when it came.
+
+    Any other message is answered with what it was told so far (see :func:`told`).
+    """
+
+    use_daemon_thread = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.told: list[tuple[float, LockLost]] = []
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, LockLost):
+            self.told.append((time.monotonic(), message))
+            return None
+        return list(self.told)
+
+
+def told(job: pykka.ActorRef[JobActor], timeout: float = 10.0) -> list[tuple[float, LockLost]]:
+    """What the job actor ``job`` was told so far, with when."""
+    answer = job.ask("told", timeout=timeout)
+    assert isinstance(answer, list)
+    return answer
 
 
 class FlakyClock(ManualClock):

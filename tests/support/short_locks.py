@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from actors import ManagerRef, QueueKeys
 
-__all__ = ["INTERVAL_S", "TTL", "WATCH_S", "Bystander", "assert_still_renewing", "start_manager"]
+__all__ = ["INTERVAL_S", "TTL", "WATCH_S", "Bystander", "assert_still_renewing", "start_short"]
 
 TTL = 400  # ms: renew window 200 ms, interval and threshold 100 ms
 INTERVAL_S = TTL / 4 / 1000
@@ -28,7 +28,7 @@ INTERVAL_S = TTL / 4 / 1000
 WATCH_S = 3 * TTL / 1000
 
 
-def start_manager(
+def start_short(
     client: redis.Redis, keys: QueueKeys, *, own_client: bool = False, **options: Any
 ) -> ManagerRef:
     """A manager of ``keys`` on ``client``'s server, its locks ``TTL`` ms unless told otherwise.

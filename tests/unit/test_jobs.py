@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.jobs import Claim, Ended, JobTable, LostLocks, Validity
-from tests.support.fakes import Silent
+from tests.support import Silent
 
 THRESHOLD = 100
 LOCK = 30_000

@@ -9,7 +9,7 @@ import pytest
 
 from actors import ExtendLocks, LockLost, LostLock, TrackJob, UntrackJob, messages
 from actors.messages import BY_NAME, MESSAGES, STOLEN, UNCONFIRMED, IsTracked
-from tests.support.fakes import Silent
+from tests.support import Silent
 
 # -- the claim fields -------------------------------------------------------------
 
