@@ -79,12 +79,7 @@ STOP_RENEWAL_S: Final = 10.0
 
 
 def require_isolation(isolation: object) -> str:
-    """Return ``isolation`` if it is one of :data:`ISOLATIONS`.
-
-    Raises:
-        TypeError: It is not a ``str``.
-        ValueError: It is another string.
-    """
+    """Return ``isolation`` if it is one of :data:`ISOLATIONS`; raise otherwise."""
     if not isinstance(isolation, str):
         raise TypeError(f"isolation must be a str, got {type(isolation).__name__}")
     if isolation not in ISOLATIONS:
@@ -118,11 +113,9 @@ class Landed:
 class TicksFirst(queue.Queue[Any]):
     """A manager's mailbox: first in, first out, but for its timer's fires and renewals' answers.
 
-    A backlog (a burst of tells from many threads) would otherwise hold each
-    tick behind all of it, and every lock would wait for the backlog to drain.
-    Nothing is lost by the jump: tracks carry their caller's time, and a
-    caller who must not race a tick untracks with ``wait=True``. Nobody else
-    can send the messages that jump: the reference refuses them.
+    A burst of tells would otherwise hold each tick behind it. Nothing is lost
+    by the jump (tracks carry their caller's time; an untrack that must not
+    race a tick waits), and nobody else can send what jumps: the reference refuses it.
     """
 
     def __init__(self, urgent: tuple[type, ...] = ()) -> None:
@@ -186,16 +179,7 @@ class Flight:
 
 
 class Renewals(threading.Thread):
-    """The thread a manager renews on: one batch at a time, each answer posted back.
-
-    Args:
-        name: The thread's name.
-        queue_name: The queue's name, for the span.
-        renewer: What renews.
-        lock_duration: The locks' TTL, for the span's margin.
-        clock: The manager's clock.
-        post: Puts a :class:`Landed` in the manager's mailbox.
-    """
+    """The thread a manager renews on: one batch at a time, each answer posted back (``post``)."""
 
     def __init__(
         self,
@@ -293,13 +277,8 @@ class LockManager(pykka.ThreadingActor):
     ``isolation="process"`` the same call starts the process-mode manager
     (:class:`actors.process.ProcessLockManager`).
 
-    Args: the keywords of :func:`actors.start_link`, which says what each one does.
-
-    Raises:
-        TypeError: An argument has the wrong type.
-        ValueError: A duration is out of range, the client's encoding is not
-            UTF-8, or the queue's keys cannot live in one hash slot of the
-            cluster client given.
+    Args: the keywords of :func:`actors.start_link`, which says what each one
+    does, and what it raises.
     """
 
     use_daemon_thread = True
@@ -457,11 +436,7 @@ class LockManager(pykka.ThreadingActor):
     def trusted_for(self, safety_margin: int | None = None) -> int:
         """Return how long a watched lock is trusted after a confirmed renewal's send, in ms.
 
-        Thread-safe: it reads only what never changes.
-
-        Raises:
-            TypeError: ``safety_margin`` is not an ``int``.
-            ValueError: It is negative, or leaves less than one interval.
+        Thread-safe. Raises ``TypeError``/``ValueError`` for a bad ``safety_margin``.
         """
         timing = self._timing
         if safety_margin is None:
@@ -471,11 +446,7 @@ class LockManager(pykka.ThreadingActor):
     # -- life -----------------------------------------------------------------------
 
     def _start_threads(self) -> None:
-        """Start the delivery and renewal threads, and arm the timer for the first tick.
-
-        In the caller's thread, once every check has passed: the timer is
-        armed when ``start`` returns.
-        """
+        """Start the threads and arm the first tick, in the caller's thread, once all is checked."""
         timer = self._make_timer(self._fire, f"LockManager-timer-{self.queue_name}")
         self.delivery.start()
         self._renewals.start()
@@ -523,10 +494,9 @@ class LockManager(pykka.ThreadingActor):
         _close_quietly(self.queue_name, "renewer", self._renewer)
 
     def _refuse_the_rest(self, report: Report) -> list[pykka.Future[Any]]:
-        """Take what is left in the mailbox; return the asks among it, to answer as stopped.
+        """Take the mailbox's rest; return its asks, to answer as stopped.
 
-        A ``TrackJob`` whose target was not told yet gets a ``"manager_stopped"``:
-        nobody renews its lock. A second stop is answered ``None``, as pykka does.
+        An untold ``TrackJob`` target hears ``"manager_stopped"``; a second stop gets ``None``.
         """
         told = {(id(target), message.job_id) for target, message in report.tells}
         lost = self._books.lost
@@ -770,12 +740,9 @@ class LockManager(pykka.ThreadingActor):
             facts.append(f"the manager did not run for {late_ms} ms past its timer (a pause)")
         return "; ".join(filter(None, facts))
 
-    # -- the doors of a pykka proxy ---------------------------------------------------
-    #
-    # pykka's proxy lists an actor's methods: one per operation, so that
-    # ``manager.proxy().track_job(...)`` exists. The reference turns each call
-    # into its message before it leaves the caller's thread; a body runs only
-    # if a message was handed to the actor some other way.
+    # -- the doors of a pykka proxy: ``manager.proxy().track_job(...)`` exists. The
+    # reference turns each call into its message in the caller's thread; a body
+    # runs only for a message handed to the actor some other way.
 
     def track_job(self, *args: Any, **kwargs: Any) -> None:
         """Renew a job's lock (see :class:`~actors.TrackJob`)."""

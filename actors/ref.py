@@ -1,22 +1,10 @@
 """The manager's reference: every door checked in the caller's thread, every message answered.
 
-pykka hands out one ``ActorRef`` per actor; a manager's is a :class:`ManagerRef`.
-Everything that reaches the manager passes through its ``tell`` and ``ask`` —
-the module helpers, raw messages, and ``manager.proxy()`` calls, deferred or
-not — so this is where each door is made to behave the same:
-
-- what arrives is admitted by :func:`admit`: a proxy call becomes its
-  operation's message, built (and so checked) in the caller's thread, a
-  ``TrackJob`` without a time is stamped with the caller's clock, and
-  anything else is refused there;
-- a stopped manager says so (:class:`ManagerStopped`), and every message is
-  either answered or refused: none is left in a mailbox nobody reads;
-- of several stops only the one the manager took returns ``True``, and a
-  stop waits for the manager's threads, except from user code of a manager
-  (a callback), which waits for no delivery thread: managers whose
-  callbacks stop one another never wait for each other;
-- an answer is an :class:`Answer`, which calls back once it is set, so
-  asyncio code awaits it without a thread waiting on it.
+Every door (the helpers, raw messages, ``manager.proxy()`` calls) passes through
+:class:`ManagerRef`'s ``tell`` and ``ask``: :func:`admit` turns a proxy call
+into its operation's message and stamps a ``TrackJob``'s time, in the caller's
+thread; a stopped manager says so (:class:`ManagerStopped`) and no message is
+left unanswered; of several stops only the one taken returns ``True``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """The worker's half of a process-mode manager: the same books and doors, renewals in a child.
 
-A :class:`ProcessLockManager` keeps every claim, makes every decision and
-tells every target, as a thread-mode manager does; what it does not do is
-renew. A child process (see :mod:`actors.process.child`) holds the timer's
-grid and the Redis client, and renews with no GIL of the worker's in the
-way. The manager tells the child each lock's state as it changes, applies
-what each of the child's ticks did, and keeps the deadlines of its watched
-locks with a timer of its own, reading the confirmations the child writes
-into shared cells: a child that hangs, dies or restarts slowly never leaves
-a watcher untold past its deadline.
-
-A child that dies is started again on the manager's reader thread, so the
-manager's own thread keeps answering meanwhile; the new child is given
-every lock with the time of its last confirmed renewal, so a restart loses
-no healthy lock whose trust outlasts the restart.
+A :class:`ProcessLockManager` keeps every claim, decides and tells as a
+thread-mode manager does, but a child process (:mod:`actors.process.child`)
+renews, with no GIL of the worker's in the way. The manager tells the child
+each lock's state as it changes, applies what each of its ticks did, and keeps
+the watched locks' deadlines with a timer of its own, reading the confirmations
+the child writes into shared cells. A child that dies or hangs is replaced on
+the reader thread and given every lock with its last confirmed renewal.
 """
 
 from __future__ import annotations
@@ -141,16 +134,18 @@ class Child:
     conn: Connection
     writer: Writer
 
+    def close(self) -> None:
+        """Kill the process if it still runs, reap it, close the socket and its writer."""
+        end(self.process)
+        self.writer.close(0)
+        self.conn.close()
+
 
 def spawn(config: dict[str, Any], memfd: int, generation: int) -> Child:
-    """Start a child with ``config`` and the shared cells, and wait until it says it is ready.
+    """Start a child with ``config`` and the shared cells; wait until it is ready (or raise).
 
-    A plain subprocess rather than ``multiprocessing``'s spawn: it does not
-    import the worker's ``__main__`` again, starts no resource tracker, and
-    passes exactly two descriptors, the socket and the cells.
-
-    Raises:
-        RuntimeError: It did not start, or said why it could not.
+    A plain subprocess, not ``multiprocessing``: it imports no ``__main__`` again,
+    starts no resource tracker, and passes exactly the socket and the cells.
     """
     ours, theirs = socket.socketpair()
     try:
@@ -216,12 +211,8 @@ class ProcessLockManager(LockManager, isolation="process"):
     Start it with ``start_link(..., isolation="process")``. The same doors,
     messages, callbacks, leases and stats; ``connection`` must be a URL or a
     ``redis.Redis``, and ``renewer``, ``clock`` and ``timer`` are refused
-    (they would be the worker's code in the child).
-
-    Raises:
-        TypeError: An argument has the wrong type, or a seam is given.
-        ValueError: A duration is out of range, or the client's encoding is not UTF-8.
-        RuntimeError: The child process did not start.
+    (they would be the worker's code in the child). Raises as ``start_link``
+    does, and ``RuntimeError`` if the child process did not start.
     """
 
     @staticmethod
@@ -341,11 +332,7 @@ class ProcessLockManager(LockManager, isolation="process"):
             reader.join(STOP_TIMEOUT_S)
         late = self._spawned
         if late is not None and late is not child:
-            # Started while the manager stopped, and never handed to it.
-            late.writer.put(("stop",))
-            late.writer.close(STOP_TIMEOUT_S)
-            end(late.process)
-            late.conn.close()
+            late.close()  # started as the manager stopped, never handed to it: it holds nothing
         extends, self._extends = self._extends, {}
         for reply in extends.values():
             reply.set(None)
@@ -401,9 +388,7 @@ class ProcessLockManager(LockManager, isolation="process"):
 
     def _restart(self, child: Child, restarts: list[float]) -> Child | None:
         """Start the next child off the manager's thread; ``None`` when the manager must stop."""
-        end(child.process)
-        child.writer.close(0)
-        child.conn.close()
+        child.close()
         logger.warning(
             "LockManager for queue %r: its child process ended (exit code %s); starting another",
             self.queue_name,
@@ -435,20 +420,16 @@ class ProcessLockManager(LockManager, isolation="process"):
             return None
         self._spawned = started
         if self._closing or not self._said(ChildSaid("up", started)):
-            # The manager stopped meanwhile: nobody would ever stop this one.
-            end(started.process)
-            started.writer.close(0)
-            started.conn.close()
+            started.close()  # the manager stopped meanwhile: nobody else would
             return None
         return started
 
     def _said(self, said: ChildSaid) -> bool:
         """Hand ``said`` to the manager's thread; ``False`` once it stops taking messages."""
-        try:
+        with contextlib.suppress(pykka.ActorDeadError):
             self._mailbox.put(Envelope(said, reply_to=None))
-        except pykka.ActorDeadError:
-            return False
-        return True
+            return True
+        return False
 
     # -- messages ------------------------------------------------------------------------
 
