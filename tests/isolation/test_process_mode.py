@@ -41,7 +41,7 @@ from actors.process.shared import SharedValidity
 from actors.timing import default_safety_margin
 from tests.faults.proxy import FaultProxy
 from tests.isolation.conftest import children, gone
-from tests.support import TTL, Inbox, Recorder, take_locks, wait_for
+from tests.support import Inbox, Recorder, take_locks, wait_for
 
 if TYPE_CHECKING:
     import redis
@@ -51,6 +51,9 @@ if TYPE_CHECKING:
     from tests.support import Server
 
 KEYS = QueueKeys("isolated")
+#: Lock duration in ms: long enough that a child starved on a loaded machine
+#: is not taken for hung (silent for a trust window, 875 ms here).
+TTL = 1000
 #: Seconds to wait for something a few ticks bring.
 SOON_S = 10 * TTL / 1000
 SCRIPT = Path(__file__).with_name("worker_script.py")
@@ -209,33 +212,6 @@ def test_no_loss_is_reported_of_a_watched_lock_released_while_the_child_renews_i
     assert recorder.lost() == []
     assert target.got == []
     stop(manager)
-
-
-def test_a_killed_child_is_started_again_and_loses_no_job(
-    server: Server, redis_client: redis.Redis
-) -> None:
-    recorder = Recorder()
-    manager = _start(
-        server,
-        on_locks_renewed=recorder.on_locks_renewed,
-        on_lock_renewal_failed=recorder.on_lock_renewal_failed,
-    )
-    tokens = take_locks(redis_client, KEYS, ["p1", "p2", "leased"], TTL)
-    track_job(manager, "p1", tokens["p1"])
-    track_job(manager, "p2", tokens["p2"])
-    with lease(manager, "leased", tokens["leased"]) as held:
-        [first] = wait_for(children, SOON_S, "the child")
-        wait_for(lambda: recorder.renewed()["p1"] >= 1, SOON_S, "a renewal")
-        os.kill(first, signal.SIGKILL)
-        [second] = wait_for(lambda: [p for p in children() if p != first], SOON_S, "a new child")
-        assert gone(first)
-        before = recorder.renewed()["leased"]
-        wait_for(lambda: recorder.renewed()["leased"] >= before + 3, SOON_S, "renewals again")
-        held.check()
-    assert sorted(get_tracked_job_ids(manager)) == ["p1", "p2"]
-    assert recorder.lost() == []
-    assert all(redis_client.get(KEYS.lock(j)) == t.encode() for j, t in tokens.items())
-    assert children() == [second]
 
 
 def test_stop_leaves_no_child_no_zombie_and_no_file(
