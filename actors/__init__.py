@@ -32,6 +32,8 @@ from actors.keys import DEFAULT_PREFIX, QueueKeys
 from actors.leases import Lease, lease
 from actors.lock_manager import LockManager
 from actors.messages import (
+    BatchOutcome,
+    ChunkError,
     ExtendLocks,
     GetActiveJobCount,
     GetStats,
@@ -39,12 +41,12 @@ from actors.messages import (
     IsTracked,
     LockLost,
     LostLock,
+    Renewer,
     TrackJob,
     UntrackJob,
 )
 from actors.process import ProcessLockManager
 from actors.ref import ManagerRef, ManagerStopped
-from actors.renewer import BatchOutcome, ChunkError, Renewer
 from actors.report import Stats
 from actors.scripts import DEFAULT_MAX_BATCH, RedisRenewer, extend_locks
 from actors.timer import ManualTimer, ThreadTimer, Timer, TimerFactory

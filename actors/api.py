@@ -25,8 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from actors.connection import Client
-    from actors.messages import LostLock, Notify
-    from actors.renewer import Renewer
+    from actors.messages import LostLock, Notify, Renewer
     from actors.report import Stats
     from actors.timer import TimerFactory
 

@@ -6,6 +6,7 @@ Each decision changes the books and adds what is to be said to a
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -18,10 +19,10 @@ from actors.messages import (
     MAX_HOLD,
     STOLEN,
     UNCONFIRMED,
+    BatchOutcome,
     LockLost,
     LostLock,
 )
-from actors.renewer import BatchOutcome
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -301,5 +302,9 @@ def _by_any_of(targets: list[Notify]) -> Callable[[Claim], bool]:
 
 
 def _alive(target: object) -> bool:
-    # pykka's own answer, the read of an event: a target's own code could block or raise.
-    return not isinstance(target, pykka.ActorRef) or pykka.ActorRef.is_alive(target)
+    # The read of a plain pykka ref's event, with no code of the target's run
+    # (no __class__, no override, no property): it could block or raise.
+    if type(target) is not pykka.ActorRef:
+        return True
+    stopped = target.actor_stopped
+    return type(stopped) is not threading.Event or not stopped.is_set()

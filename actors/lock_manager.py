@@ -34,9 +34,8 @@ from pykka.messages import _ActorStop
 import actors.messages as m
 from actors.books import Books, Report
 from actors.keys import QueueKeys
-from actors.messages import MANAGER_STOPPED, LockLost
+from actors.messages import MANAGER_STOPPED, BatchOutcome, ChunkError, LockLost
 from actors.ref import ManagerRef, ManagerStopped
-from actors.renewer import BatchOutcome
 from actors.report import Reporter
 from actors.scripts import DEFAULT_MAX_BATCH, RedisRenewer
 from actors.telemetry import tick_span
@@ -58,8 +57,7 @@ if TYPE_CHECKING:
 
     from actors.connection import Client
     from actors.jobs import Validity
-    from actors.messages import LostLock
-    from actors.renewer import Renewer
+    from actors.messages import LostLock, Renewer
     from actors.report import Stats
     from actors.timer import Timer, TimerFactory
 
@@ -217,9 +215,9 @@ class Renewals(threading.Thread):
 
     def run(self) -> None:
         """Say once whether the server answers, then renew each batch sent."""
-        probe = getattr(self._renewer, "probe", None)
-        if probe is not None:
-            with contextlib.suppress(Exception):
+        with contextlib.suppress(BaseException):  # a renewer's own code: it must not end the thread
+            probe = getattr(self._renewer, "probe", None)
+            if probe is not None:
                 probe()
         while (item := self._flights.get()) is not None:
             flight, calls = item
@@ -242,10 +240,7 @@ class Renewals(threading.Thread):
             try:
                 # The one round trip: the scripts module, one EVALSHA per chunk.
                 answer: object = self._renewer(flight.due, flight.tokens) if flight.due else None
-                if flight.due and not isinstance(answer, BatchOutcome):
-                    name = type(answer).__name__
-                    raise TypeError(f"the renewer returned {name}, not a BatchOutcome")
-                outcome = answer if isinstance(answer, BatchOutcome) else BatchOutcome([], [])
+                outcome = _checked(answer) if flight.due else BatchOutcome([], [])
             except BaseException as exc:
                 # Nothing is known to have run (see Books.apply).
                 outcome = exc
@@ -256,11 +251,11 @@ class Renewals(threading.Thread):
         return outcome, answered
 
     def _release(self, locks: list[tuple[str, str]]) -> int | BaseException:
-        release = getattr(self._renewer, "release", None)
-        if not locks or release is None:
+        if not locks:
             return 0
         try:
-            return int(release(locks))
+            release = getattr(self._renewer, "release", None)
+            return 0 if release is None else int(release(locks))
         except BaseException as exc:
             return exc
 
@@ -551,6 +546,8 @@ class LockManager(pykka.ThreadingActor):
                 type(message).__name__,
                 exc_info=True,
             )
+            with contextlib.suppress(BaseException):
+                self._arm()  # whatever failed, the next tick still comes
             return None
 
     def _reply_later(self) -> pykka.Future[Any] | None:
@@ -784,6 +781,23 @@ class LockManager(pykka.ThreadingActor):
         Fired: _on_fired,
         Landed: _on_landed,
     }
+
+
+def _checked(answer: object) -> BatchOutcome:
+    """Return a renewer's answer if it is a well-formed :class:`BatchOutcome`, else raise."""
+    if not isinstance(answer, BatchOutcome):
+        raise TypeError(f"the renewer returned {type(answer).__name__}, not a BatchOutcome")
+    failed, errors, reasons = answer.failed, answer.errors, answer.reasons
+    if (
+        type(failed) is not list
+        or not all(type(job_id) is str for job_id in failed)
+        or type(errors) is not list
+        or not all(type(error) is ChunkError for error in errors)
+        or type(reasons) is not dict
+        or not all(type(key) is str and type(value) is str for key, value in reasons.items())
+    ):
+        raise TypeError("the renewer returned a malformed BatchOutcome (see actors.messages)")
+    return answer
 
 
 def _close_quietly(queue_name: str, what: str, part: object, method: str = "close") -> None:

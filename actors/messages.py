@@ -7,15 +7,21 @@ same with less typing.
 
 A message checks its own fields when it is built, so bad input fails in the
 caller's thread with the same ``TypeError`` or ``ValueError`` whichever door
-it came through.
+it came through. The renewer seam's answer (:class:`BatchOutcome`) lives
+here too: what a renewal tells the manager.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Literal, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, Protocol
+
+from redis.exceptions import RedisError
 
 from actors.timing import MAX_DURATION_MS, is_valid_text, require_int, require_text
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = [
     "BY_NAME",
@@ -26,6 +32,8 @@ __all__ = [
     "REASONS",
     "STOLEN",
     "UNCONFIRMED",
+    "BatchOutcome",
+    "ChunkError",
     "ExtendLocks",
     "GetActiveJobCount",
     "GetStats",
@@ -35,7 +43,9 @@ __all__ = [
     "LostLock",
     "Notify",
     "Reason",
+    "Renewer",
     "TrackJob",
+    "UnconfirmedLossError",
     "UntrackJob",
 ]
 
@@ -351,3 +361,59 @@ MESSAGES: Final[tuple[type, ...]] = (
 
 #: Each message by the name of its helper and proxy method.
 BY_NAME: Final[dict[str, type]] = {kind.operation: kind for kind in MESSAGES}  # type: ignore[attr-defined]
+
+
+# -- what a renewal returns (the renewer seam) -----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkError:
+    """A script call of a batch that the server did not run."""
+
+    #: Index of the chunk's first job in the batch.
+    start: int
+    #: Index one past the chunk's last job.
+    stop: int
+    #: What the server or the connection answered.
+    error: Exception
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOutcome:
+    """What one batched renewal did."""
+
+    #: Ids whose lock was gone or held by another token (chunks that ran).
+    failed: list[str]
+    #: Chunks that did not run; their jobs' locks are in an unknown state.
+    errors: list[ChunkError]
+    #: Why each failed id lost its lock: ``"stolen"`` or ``"expired"``.
+    reasons: dict[str, Reason] = field(default_factory=dict)
+
+
+class UnconfirmedLossError(RedisError):
+    """The script found no lock, yet a read-back finds it held with the job's token.
+
+    It happens while a cluster slot migrates (the script ran where only part
+    of the slot's keys were), or when the read-back itself failed. The job
+    stays tracked and the next tick tries it again.
+    """
+
+
+class Renewer(Protocol):
+    """Renews a batch of locks for one manager, on its renewal thread (``renewer=``)."""
+
+    def __call__(self, job_ids: Sequence[str], tokens: Sequence[str]) -> BatchOutcome:
+        """Renew ``job_ids`` held with ``tokens``.
+
+        Returns:
+            The ids whose lock is lost (with their reasons, when known), and
+            the parts of the batch whose state is unknown.
+
+        Raises:
+            Exception: Nothing is known to have run; every job is retried.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release what the renewer owns; called once when the manager stops."""
+        ...

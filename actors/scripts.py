@@ -30,8 +30,7 @@ from actors.connection import (
     unreachable_message,
 )
 from actors.keys import hash_slot, lock_key
-from actors.messages import EXPIRED, STOLEN
-from actors.renewer import BatchOutcome, ChunkError, UnconfirmedLossError
+from actors.messages import EXPIRED, STOLEN, BatchOutcome, ChunkError, UnconfirmedLossError
 from actors.timing import check_lock_duration, require_int
 
 if TYPE_CHECKING:
@@ -181,12 +180,14 @@ def run_chunks(
         # The server lost its script cache (restart, SCRIPT FLUSH, failover):
         # load the script and send the same calls again.
         logger.debug("%s not cached by the server; loading it", SCRIPT_NAME)
-        cluster = is_cluster(conn)
-        if not cluster:
-            conn.script_load(script_source())
-        resent = _send_chunks(
-            conn, keys, job_ids, tokens, duration, [bounds[i] for i in missing], with_source=cluster
-        )
+        with_source = is_cluster(conn)
+        if not with_source:
+            try:
+                conn.script_load(script_source())
+            except ResponseError:  # SCRIPT refused (an ACL) while EVAL is allowed
+                with_source = True
+        again = [bounds[i] for i in missing]
+        resent = _send_chunks(conn, keys, job_ids, tokens, duration, again, with_source=with_source)
         for i, reply in zip(missing, resent, strict=True):
             replies[i] = reply
     failed: list[str] = []

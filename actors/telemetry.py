@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
-    from actors.renewer import BatchOutcome
+    from actors.messages import BatchOutcome
 
 __all__ = [
     "ATTR_CALLS",

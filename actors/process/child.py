@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Final
 from actors.books import Books, Report
 from actors.connection import client_like, command_timeout
 from actors.keys import QueueKeys
+from actors.messages import BatchOutcome
 from actors.process.shared import Tick, Writer, map_cells
-from actors.renewer import BatchOutcome
 from actors.scripts import RedisRenewer
 from actors.timing import Timing, monotonic_ms, next_tick
 

@@ -48,8 +48,7 @@ if TYPE_CHECKING:
 
     from actors.connection import Client
     from actors.keys import QueueKeys
-    from actors.messages import LostLock
-    from actors.renewer import Renewer
+    from actors.messages import LostLock, Renewer
     from actors.timer import TimerFactory
 
 __all__ = [
@@ -197,7 +196,7 @@ def end(process: subprocess.Popen[bytes]) -> None:
 class ChildSaid:
     """A word of the child's for the manager's thread (internal: never sent by users)."""
 
-    #: ``"tick"`` (a :class:`Tick`), ``"up"`` (a new :class:`Child`) or ``"failed"``.
+    #: ``"tick"`` (a :class:`Tick`), ``"up"`` (a new :class:`Child`), ``"hung"`` or ``"failed"``.
     kind: str
     payload: Any
 
@@ -351,18 +350,21 @@ class ProcessLockManager(LockManager, isolation="process"):
         so that another renews the locks that still hold.
         """
         restarts: list[float] = []
-        silence_s = self.trusted_for() / 1000
+        # A healthy child is silent for an interval and a tick at most: a tick's
+        # attempts fit in the trust window less an interval, and three intervals
+        # leave a starved child room when a wide safety margin narrows the window.
+        silence_s = max(self.trusted_for(), 3 * self._timing.interval) / 1000
         hung = False
         while True:
             try:
                 if not child.conn.poll(silence_s) and not self._closing:
-                    logger.warning(
-                        "LockManager for queue %r: its child process said nothing for %g s "
-                        "(hung?); killed, to start another",
-                        self.queue_name,
-                        silence_s,
+                    why = (
+                        f"LockManager for queue {self.queue_name!r}: its child process said "
+                        f"nothing for {silence_s:g} s (hung?); killed, to start another"
                     )
+                    logger.warning("%s", why)
                     end(child.process)
+                    self._said(ChildSaid("hung", why))
                     hung = True
                     continue
                 words = child.conn.recv()
@@ -501,6 +503,8 @@ class ProcessLockManager(LockManager, isolation="process"):
         elif said.kind == "up":
             self._child = said.payload
             self._restore()
+        elif said.kind == "hung":
+            self._reporter.send(Report(error=RuntimeError(said.payload)))
         elif said.kind == "failed":
             # A stop nobody asked for: on_error hears it before the watchers do.
             self._reporter.send(Report(error=RuntimeError(said.payload)))

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     import redis
 
     from actors import ManagerRef, QueueKeys, Renewer
-    from actors.renewer import BatchOutcome
+    from actors.messages import BatchOutcome
 
 T = TypeVar("T")
 

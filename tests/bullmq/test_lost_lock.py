@@ -160,9 +160,14 @@ def test_a_report_about_a_lock_the_worker_let_go_is_dropped(bench: Bench, meanwh
             controller = installed.track_job("7", "old-token", time.time_ns() // 1_000_000, True)
             assert controller is not None
             bench.client.set(lock_key, "thief", px=LOCK_MS)
-            # Hold the loop until the manager has found the loss and sent word,
+            # Hold the loop until the manager has found the loss and sent word
+            # (its delivery thread aborts the signal, the loop is told later),
             manager = installed.manager
-            wait_until(lambda: get_stats(manager, timeout=5).lost == 1, SETTLE_S, "the loss")
+            wait_until(
+                lambda: get_stats(manager, timeout=5).lost == 1 and controller.signal.aborted,
+                SETTLE_S,
+                "the loss",
+            )
             # and let go of the job before the word is read.
             installed.untrack_job("7")
             new = None

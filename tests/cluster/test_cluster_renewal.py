@@ -15,7 +15,7 @@ import pytest
 from actors import QueueKeys, get_active_job_count, get_stats, get_tracked_job_ids, stop, track_job
 from actors.connection import cluster_client
 from actors.keys import hash_slot
-from actors.renewer import UnconfirmedLossError
+from actors.messages import UnconfirmedLossError
 from actors.scripts import script_sha, script_source
 from tests.cluster.conftest import NODE_TIMEOUT_MS, SETTLING
 from tests.support import (

@@ -25,8 +25,7 @@ from actors import (
     stop,
     track_job,
 )
-from actors.messages import STOLEN
-from actors.renewer import UnconfirmedLossError
+from actors.messages import STOLEN, UnconfirmedLossError
 from tests.support import (
     INTERVAL_S,
     TTL,

@@ -438,3 +438,28 @@ def test_malformed_msgpack_ends_the_call_before_any_key_changes(
             )
 
     assert_unchanged(before, key_states(engine_client))
+
+
+def test_a_user_refused_script_load_but_allowed_eval_renews_after_a_flush(
+    engine_client: redis.Redis,
+) -> None:
+    # An ACL that allows EVALSHA and EVAL but not SCRIPT (as BullMQ's own
+    # clients need) once failed every renewal after the script cache emptied.
+    user = f"noscript-{uuid.uuid4().hex[:8]}"
+    engine_client.acl_setuser(
+        user, enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-script"]
+    )
+    kwargs = engine_client.connection_pool.connection_kwargs
+    limited = redis.Redis(host=kwargs["host"], port=kwargs["port"], username=user, password="pw")
+    try:
+        engine_client.set(KEYS.lock("j"), "t", px=1000)
+        engine_client.script_flush()
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            limited.script_load(script_source())
+        # The renewal sends the script itself on NOSCRIPT, and the lock is renewed
+        assert extend_locks(limited, KEYS, ["j"], ["t"], 30_000) == []
+        assert engine_client.pttl(KEYS.lock("j")) > 1000
+        assert extend_locks(limited, KEYS, ["j"], ["t"], 30_000) == []
+    finally:
+        limited.close()
+        engine_client.acl_deluser(user)

@@ -26,7 +26,7 @@ from actors import (
     track_job,
     untrack_job,
 )
-from actors.renewer import BatchOutcome
+from actors.messages import BatchOutcome
 from actors.timing import Timing, default_safety_margin
 from tests.support import (
     INTERVAL_S,

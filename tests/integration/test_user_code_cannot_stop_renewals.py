@@ -16,7 +16,16 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
-from actors import QueueKeys, get_active_job_count, get_stats, start_link, stop, track_job
+from actors import (
+    BatchOutcome,
+    ExtendLocks,
+    QueueKeys,
+    get_active_job_count,
+    get_stats,
+    start_link,
+    stop,
+    track_job,
+)
 from tests.support import Inbox, Recorder, take_locks, wait_for
 
 if TYPE_CHECKING:
@@ -32,7 +41,7 @@ OUTLIVE_S = 3 * LOCK_MS / 1000
 
 
 class Hostile(Inbox):
-    """A ``notify`` target whose ``is_alive`` raises ``SystemExit`` or blocks."""
+    """A ``notify`` target whose ``is_alive`` (or ``__class__``) raises ``SystemExit`` or blocks."""
 
     def __init__(self, how: str) -> None:
         super().__init__()
@@ -40,14 +49,24 @@ class Hostile(Inbox):
         self.release = threading.Event()
 
     def is_alive(self) -> bool:
-        if self.how == "raises":
+        return self._hostile()
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        # isinstance() reads it: a target posing as a pykka ref
+        if self.how == "poses":
+            self._hostile()
+        return Hostile
+
+    def _hostile(self) -> bool:
+        if self.how in ("raises", "poses"):
             raise SystemExit("a target's own code")
         self.release.wait(2 * OUTLIVE_S)
         return True
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-@pytest.mark.parametrize("how", ["raises", "blocks"])
+@pytest.mark.parametrize("how", ["raises", "blocks", "poses"])
 def test_a_targets_own_is_alive_is_never_called(
     server: Server, redis_client: redis.Redis, isolation: str, how: str
 ) -> None:
@@ -134,4 +153,50 @@ def test_a_span_processor_that_raises_fails_one_tick_and_renewals_go_on(
     assert redis_client.get(KEYS.lock("plain")) == tokens["plain"].encode()
     assert recorder.lost() == []
     assert get_stats(manager).errors == 1
+    stop(manager)
+
+
+class OddRenewer:
+    """A ``renewer=`` whose own code misbehaves: its probe, its release, or its answer."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def __getattr__(self, name: str) -> Any:
+        if self.how == "getattr" and name in ("probe", "release"):
+            raise KeyError(name)
+        raise AttributeError(name)
+
+    def probe(self) -> None:
+        if self.how == "probe":
+            raise KeyboardInterrupt
+
+    def __call__(self, job_ids: Any, tokens: Any) -> BatchOutcome:
+        if self.how == "malformed":
+            return BatchOutcome(failed="not-a-list", errors=[])  # type: ignore[arg-type]
+        return BatchOutcome([], [])
+
+
+@pytest.mark.parametrize("how", ["probe", "getattr", "malformed"])
+def test_a_renewers_odd_code_fails_a_tick_at_most_and_ticks_go_on(how: str) -> None:
+    # A probe raising a BaseException or an attribute lookup raising once
+    # killed the renewal thread; a malformed answer was dropped with the
+    # tick's report and its asked renewal left unanswered.
+    recorder = Recorder()
+    manager = start_link(
+        renewer=OddRenewer(how), keys=KEYS, lock_duration=LOCK_MS, **recorder.callbacks()
+    )
+    track_job(manager, "plain", "t")
+    # Then an asked renewal is answered, and the timer's ticks keep coming
+    manager.ask(ExtendLocks(), timeout=OUTLIVE_S)
+    ticks = get_stats(manager).ticks
+    wait_for(lambda: get_stats(manager).ticks >= ticks + 3, OUTLIVE_S, "more ticks")
+    if how == "malformed":
+        # each tick a failed one the caller hears of, the job kept for the next
+        wait_for(lambda: len(recorder.errors()) >= 3, OUTLIVE_S, "errors")
+        assert all(isinstance(error, TypeError) for error in recorder.errors())
+    else:
+        wait_for(recorder.renewed, OUTLIVE_S, "renewals")
+        assert recorder.errors() == []
+    assert get_active_job_count(manager) == 1
     stop(manager)

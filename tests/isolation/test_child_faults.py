@@ -199,10 +199,11 @@ def test_a_hung_child_is_killed_and_another_renews_every_plain_lock(
 ) -> None:
     # A child stopped for good once left its plain locks to expire, still
     # listed as tracked, with nothing said and no child started in its place.
-    # It is replaced once silent for a trust window; the plain locks then have
-    # the safety margin left for the new child's start: half the TTL here.
+    # It is replaced once silent for a trust window (three intervals at least);
+    # the plain locks then have the safety margin left for the new child's
+    # start: half the TTL here, with renewals every 600 ms.
     recorder = Renewals()
-    manager = _start(server, recorder, safety_margin=LOCK_MS // 2)
+    manager = _start(server, recorder, lock_renew_time=600, safety_margin=LOCK_MS // 2)
     tokens = take_locks(redis_client, KEYS, ["plain", "other"], LOCK_MS)
     for job_id, token in tokens.items():
         track_job(manager, job_id, token)
@@ -219,12 +220,16 @@ def test_a_hung_child_is_killed_and_another_renews_every_plain_lock(
         wait_for(lambda: recorder.renewed(since=stopped)["plain"] >= 1, SOON_S, "a renewal again")
     assert gone(hung)
     # (silent since its last tick, up to an interval before the stop)
-    assert manager.trusted_for() - LOCK_MS / 4 <= replaced_ms
+    assert manager.trusted_for() - 300 <= replaced_ms
     assert redis_client.mget([KEYS.lock(j) for j in tokens]) == [
         t.encode() for t in tokens.values()
     ]
     assert recorder.lost() == []
     assert any("said nothing" in r.getMessage() for r in caplog.records)
+    # and the worker's code heard of it
+    [error] = recorder.errors()
+    assert isinstance(error, RuntimeError)
+    assert "said nothing" in str(error)
     print(f"\nchild hung: replaced {replaced_ms:.0f} ms after its stop")
     stop(manager)
 

@@ -31,7 +31,7 @@ from actors import (
     Timing,
     lease,
 )
-from actors.renewer import BatchOutcome
+from actors.messages import BatchOutcome
 from actors.timing import default_safety_margin, monotonic_ms
 from tests.support import (
     HoldingClock,

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from actors import RedisRenewer
-    from actors.renewer import BatchOutcome
+    from actors.messages import BatchOutcome
 
 __all__ = ["LOCK_MS", "MARGIN_MS", "TIMING", "CountingLease", "LockTable", "Noting"]
 

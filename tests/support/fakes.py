@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pykka
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from actors.messages import EXPIRED, STOLEN, LockLost
-from actors.renewer import BatchOutcome, ChunkError
+from actors.messages import EXPIRED, STOLEN, BatchOutcome, ChunkError, LockLost
 from tests.support.manual import ManualClock
 
 if TYPE_CHECKING:

@@ -20,10 +20,11 @@ from actors.messages import (
     MAX_HOLD,
     STOLEN,
     UNCONFIRMED,
+    BatchOutcome,
+    ChunkError,
     LockLost,
     LostLock,
 )
-from actors.renewer import BatchOutcome, ChunkError
 from tests.support import Inbox
 
 LOCK = 30_000
@@ -415,20 +416,34 @@ class HostileRef(pykka.ActorRef[Any]):
         raise SystemExit("not on the manager's thread")
 
 
+class PosingAsRef(Inbox):
+    """A target whose ``__class__`` says it is a pykka ref, and raises when read."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        raise RuntimeError("not on the manager's thread")
+
+
 def test_no_code_of_a_target_runs_to_say_whether_it_is_alive() -> None:
-    # A target's is_alive that raised (even a BaseException) or blocked once
-    # stopped or froze every renewal: only pykka's own answer is read.
+    # A target's is_alive (or __class__) that raised, even a BaseException, or
+    # blocked once stopped or froze every renewal: only a plain pykka ref's
+    # own event is read; any other target is taken as alive.
     books = Books(LOCK, MARGIN)
     watch(books, "plain-object", Hostile())
-    ref = Holder.start()
-    ref.__class__ = HostileRef
-    watch(books, "overridden-ref", ref)
+    watch(books, "posing", PosingAsRef())
+    subclassed = Holder.start()
+    subclassed.__class__ = HostileRef
+    watch(books, "subclassed-ref", subclassed)
+    plain = Holder.start()
+    watch(books, "plain-ref", plain)
 
     assert books.bury(Report()) == ([], [])
-    assert books.jobs.ids() == ["plain-object", "overridden-ref"]
-    ref.__class__ = pykka.ActorRef  # pykka's own stop asks is_alive too
-    ref.stop()
-    assert books.bury(Report()) == (["overridden-ref"], [("overridden-ref", "t-overridden-ref")])
+    subclassed.__class__ = pykka.ActorRef  # pykka's own stop asks is_alive too
+    subclassed.stop()
+    subclassed.__class__ = HostileRef
+    plain.stop()
+    assert books.bury(Report()) == (["plain-ref"], [("plain-ref", "t-plain-ref")])
+    assert books.jobs.ids() == ["plain-object", "posing", "subclassed-ref"]
 
 
 def test_letting_go_tells_every_watcher_the_manager_stopped_and_nobody_else() -> None:

@@ -45,8 +45,7 @@ from tests.support import LockTable, ManualClock, ManualTimers, settle
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from actors.messages import Reason
-    from actors.renewer import BatchOutcome
+    from actors.messages import BatchOutcome, Reason
 
 JOB_IDS = ["j0", "j1", "j2"]
 jobs = st.sampled_from(JOB_IDS)

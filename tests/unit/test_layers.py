@@ -13,7 +13,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "actors"
 
 LAYERS = [
-    ["timing", "keys", "messages", "jobs", "renewer", "books"],
+    ["timing", "keys", "messages", "jobs", "books"],
     ["connection", "scripts"],
     [
         "telemetry",

@@ -46,8 +46,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 import actors
 from actors import ExtendLocks, Lease, LockLost, ManagerRef, QueueKeys
-from actors.messages import EXPIRED, STOLEN, Reason
-from actors.renewer import BatchOutcome
+from actors.messages import EXPIRED, STOLEN, BatchOutcome, Reason
 from actors.timing import Timing, default_safety_margin, next_tick
 from tests.support import ManualClock, ManualTimers
 

@@ -31,7 +31,7 @@ from tests.support import Inbox, LockTable, ManualClock, Recorder, manual_timer,
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
-    from actors.renewer import BatchOutcome
+    from actors.messages import BatchOutcome
     from tests.support import ManualTimers
 
 # Nothing listens here: these tests must fail before any command is sent.

@@ -22,7 +22,7 @@ from tests.support.manual import ManualClock, manual_timer, tick
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from actors.renewer import BatchOutcome
+    from actors.messages import BatchOutcome
 
 
 class NoStore:
