@@ -537,9 +537,7 @@ class LockManager(pykka.ThreadingActor):
                 return None
             return handler(self, message)
         except BaseException:
-            # A BaseException too: left to pykka, it would stop every actor
-            # of the process. Only the type is named: a repr is the sender's
-            # code, and may raise.
+            # A BaseException too (pykka would stop every actor); no repr: it is the sender's code.
             logger.warning(
                 "LockManager for queue %r dropped a %s message",
                 self.queue_name,
@@ -585,19 +583,6 @@ class LockManager(pykka.ThreadingActor):
     def _on_untrack(self, message: m.UntrackJob) -> None:
         """``handle_cast({:untrack_job, job_id})``: end the caller's claims."""
         self._books.untrack(message.job_id, message.token, message.notify)
-
-    def _on_count(self, _: m.GetActiveJobCount) -> int:
-        return len(self._books.jobs)
-
-    def _on_ids(self, _: m.GetTrackedJobIds) -> list[str]:
-        return self._books.jobs.ids()
-
-    def _on_is_tracked(self, message: m.IsTracked) -> bool:
-        return message.job_id in self._books.jobs
-
-    def _on_stats(self, _: m.GetStats) -> Stats:
-        counters = self._reporter.counters
-        return counters.snapshot(self.queue_name, len(self._books.jobs), self._alarm.now(0))
 
     # -- the tick -------------------------------------------------------------------
 
@@ -737,9 +722,8 @@ class LockManager(pykka.ThreadingActor):
             facts.append(f"the manager did not run for {late_ms} ms past its timer (a pause)")
         return "; ".join(filter(None, facts))
 
-    # -- the doors of a pykka proxy: ``manager.proxy().track_job(...)`` exists. The
-    # reference turns each call into its message in the caller's thread; a body
-    # runs only for a message handed to the actor some other way.
+    # -- the doors of a pykka proxy (the reference turns each call into its message;
+    # a body runs only for a message handed to the actor some other way)
 
     def track_job(self, *args: Any, **kwargs: Any) -> None:
         """Renew a job's lock (see :class:`~actors.TrackJob`)."""
@@ -763,7 +747,8 @@ class LockManager(pykka.ThreadingActor):
 
     def get_stats(self) -> Stats:
         """Return a snapshot of the manager's counters."""
-        return self._on_stats(m.GetStats())
+        counters = self._reporter.counters
+        return counters.snapshot(self.queue_name, len(self._books.jobs), self._alarm.now(0))
 
     def extend_locks(self) -> None:
         """Renew every due lock now; the timer's grid is left alone."""
@@ -773,10 +758,11 @@ class LockManager(pykka.ThreadingActor):
     _handlers: ClassVar[dict[type, Callable[[Any, Any], Any]]] = {
         m.TrackJob: _on_track,
         m.UntrackJob: _on_untrack,
-        m.GetActiveJobCount: _on_count,
-        m.GetTrackedJobIds: _on_ids,
-        m.IsTracked: _on_is_tracked,
-        m.GetStats: _on_stats,
+        # The queries' handlers are their proxy doors.
+        m.GetActiveJobCount: lambda self, _: self.get_active_job_count(),
+        m.GetTrackedJobIds: lambda self, _: self.get_tracked_job_ids(),
+        m.IsTracked: lambda self, message: self.is_tracked(message.job_id),
+        m.GetStats: lambda self, _: self.get_stats(),
         m.ExtendLocks: _on_extend,
         Fired: _on_fired,
         Landed: _on_landed,
@@ -787,17 +773,19 @@ def _checked(answer: object) -> BatchOutcome:
     """Return a renewer's answer if it is a well-formed :class:`BatchOutcome`, else raise."""
     if not isinstance(answer, BatchOutcome):
         raise TypeError(f"the renewer returned {type(answer).__name__}, not a BatchOutcome")
-    failed, errors, reasons = answer.failed, answer.errors, answer.reasons
-    if (
-        type(failed) is not list
-        or not all(type(job_id) is str for job_id in failed)
-        or type(errors) is not list
-        or not all(type(error) is ChunkError for error in errors)
-        or type(reasons) is not dict
-        or not all(type(key) is str and type(value) is str for key, value in reasons.items())
+    reasons = answer.reasons
+    if not (
+        _all(answer.failed, list, str)
+        and _all(answer.errors, list, ChunkError)
+        and _all(reasons, dict, str)
+        and _all(list(reasons.values()), list, str)
     ):
         raise TypeError("the renewer returned a malformed BatchOutcome (see actors.messages)")
     return answer
+
+
+def _all(items: object, kind: type, item: type) -> bool:
+    return type(items) is kind and all(type(each) is item for each in items)  # type: ignore[attr-defined]
 
 
 def _close_quietly(queue_name: str, what: str, part: object, method: str = "close") -> None:

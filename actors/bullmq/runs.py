@@ -231,9 +231,8 @@ class Runs:
         reported = []
         for job_id, token, why in lost:
             run = self._runs.get(job_id)
-            # Gone, or expired while moving: the move deleted its lock. Another
-            # token: an earlier run, told when it was replaced. A steal is a
-            # loss even during a move.
+            # Gone, or expired while moving (the move deleted it); another token: an
+            # earlier run, told when replaced. A steal is a loss even during a move.
             moved = run is not None and run.moving and why == "expired"
             if run is None or run.lost is not None or moved or token != run.token:
                 continue

@@ -350,9 +350,8 @@ class ProcessLockManager(LockManager, isolation="process"):
         so that another renews the locks that still hold.
         """
         restarts: list[float] = []
-        # A healthy child is silent for an interval and a tick at most: a tick's
-        # attempts fit in the trust window less an interval, and three intervals
-        # leave a starved child room when a wide safety margin narrows the window.
+        # A healthy child is silent an interval and a tick at most (a tick fits in the
+        # trust window less an interval); three intervals leave a starved child room.
         silence_s = max(self.trusted_for(), 3 * self._timing.interval) / 1000
         hung = False
         while True:
@@ -592,11 +591,8 @@ os.register_at_fork(after_in_child=_RUNNING.clear)
 
 @atexit.register
 def _stop_at_exit() -> None:
-    # A worker that exits normally without stopping its managers stops them
-    # here: each child then leaves its locks to the worker's own release, as
-    # after stop(). (Without it the child would see its worker gone, as after
-    # a kill, and delete them.) Managers run on daemon threads: nothing else
-    # stops them.
+    # A worker exiting without stopping its managers stops them: each child leaves
+    # its locks to the worker's own release, as after stop(), not as after a kill.
     for manager in list(_RUNNING):
         ref = manager.actor_ref
         if ref.is_alive():
