@@ -141,30 +141,10 @@ class RunningWorker:
         cancelled: nothing of it (a client, a task) outlives the test to fail
         the next one.
         """
-        task = self.task
         hung: list[str] = []
 
         async def close() -> None:
-            try:
-                await asyncio.wait_for(asyncio.shield(self.worker.close()), CLOSE_S)
-            except asyncio.TimeoutError:
-                stacks = _task_stacks()
-                stuck = _stuck_coroutines()
-                await _force_close(self.worker)
-                # bullmq-py 3.4's idle close can wait on its own blocking BZPOPMIN,
-                # whose cancellation does not finish (upstream: taskforcesh/bullmq#4597,
-                # #4670): that alone is bullmq's, not a fault of the test.
-                if not stuck <= _BULLMQ_IDLE_WAIT:
-                    hung.extend(stacks)
-                else:
-                    OUTCOMES.add("bullmq idle close forced", waited_s=CLOSE_S, tasks=sorted(stuck))
-            # Leave no run() behind on a loop about to close, whatever happened.
-            try:
-                await asyncio.wait_for(asyncio.shield(task), CLOSE_S)
-            except BaseException:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                raise
+            hung.extend(await close_worker(self.worker, self.task))
 
         try:
             if not self.loop.loop.is_closed():
@@ -226,6 +206,35 @@ def _awaiting(coro: Any) -> list[str]:
             )
         coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
     return lines
+
+
+async def close_worker(worker: Any, task: asyncio.Future[Any]) -> list[str]:
+    """Close ``worker``, wait for its ``run()`` task; return the stacks of a close that hung.
+
+    A close stuck only where bullmq-py 3.4's idle close waits on its own
+    blocking BZPOPMIN, whose cancellation does not finish (upstream:
+    taskforcesh/bullmq#4597, #4670), is bullmq's: the worker is closed by
+    force, recorded, and nothing is returned. Any other hang returns the stacks.
+    """
+    hung: list[str] = []
+    try:
+        await asyncio.wait_for(asyncio.shield(worker.close()), CLOSE_S)
+    except asyncio.TimeoutError:
+        stacks = _task_stacks()
+        stuck = _stuck_coroutines()
+        await _force_close(worker)
+        if not stuck <= _BULLMQ_IDLE_WAIT:
+            hung.extend(stacks)
+        else:
+            OUTCOMES.add("bullmq idle close forced", waited_s=CLOSE_S, tasks=sorted(stuck))
+    # Leave no run() behind on a loop about to close, whatever happened.
+    try:
+        await asyncio.wait_for(asyncio.shield(task), CLOSE_S)
+    except BaseException:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise
+    return hung
 
 
 async def _force_close(worker: Any) -> None:

@@ -23,7 +23,7 @@ from bullmq import Worker
 from bullmq.redis_connection import SCRIPT_DEFINITIONS, loadScript
 
 from actors.bullmq import LOCK_LOST, use_actor_lock_manager
-from tests.bullmq.harness import PREFIX, Bench, LoopThread, wait_until
+from tests.bullmq.harness import PREFIX, Bench, LoopThread, close_worker, wait_until
 
 if TYPE_CHECKING:
     from bullmq.abort_controller import AbortSignal
@@ -312,11 +312,11 @@ def test_a_refused_move_leaves_no_thread_behind_the_close(one_bench: Bench, acto
         wait_until(lambda: worker.errors, SETTLE_S, "bullmq to report the refused move")
         assert "Missing lock" in str(worker.errors[0])
 
-        async def close() -> None:
-            await worker.close()
-            await task
+        async def close() -> list[str]:
+            return await close_worker(worker, task)
 
-        loop.call(close)
+        hung = loop.call(close)
+        assert hung == [], "worker.close() hung:\n" + "\n".join(hung)
         assert job_id
         deadline = time.monotonic() + SETTLE_S
         while (left := set(threading.enumerate()) - before) and time.monotonic() < deadline:
