@@ -99,6 +99,6 @@ __all__ = [  # noqa: RUF022 (grouped by purpose, as pykka does)
     "__version__",
 ]
 
-__version__ = "0.3.0"
+__version__ = "0.2.0"
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

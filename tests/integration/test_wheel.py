@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import venv
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import redis
 
+import actors
 from actors import QueueKeys
 from tests.conftest import Server
 from tests.support import new_token
@@ -64,3 +66,10 @@ def test_wheel_installs_and_renews_from_a_fresh_venv(
     assert result.stdout.strip() == "[]"
     assert redis_client.pttl("emq:wheel:j1:lock") > 29000
     assert not redis_client.sismember("emq:wheel:stalled", "j1")
+
+
+def test_the_package_says_the_version_its_metadata_says() -> None:
+    # pyproject.toml and actors.__version__ once named two different releases.
+    declared = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert declared is not None
+    assert actors.__version__ == declared.group(1)
