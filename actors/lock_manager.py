@@ -778,14 +778,15 @@ def _checked(answer: object) -> BatchOutcome:
         _all(answer.failed, list, str)
         and _all(answer.errors, list, ChunkError)
         and _all(reasons, dict, str)
-        and _all(list(reasons.values()), list, str)
+        and all(type(reason) is str for reason in reasons.values())
     ):
         raise TypeError("the renewer returned a malformed BatchOutcome (see actors.messages)")
     return answer
 
 
-def _all(items: object, kind: type, item: type) -> bool:
-    return type(items) is kind and all(type(each) is item for each in items)  # type: ignore[attr-defined]
+def _all(items: Any, kind: type, item: type) -> bool:
+    """Whether ``items`` is exactly a ``kind`` of exactly ``item`` members (a dict: keys)."""
+    return type(items) is kind and all(type(each) is item for each in items)
 
 
 def _close_quietly(queue_name: str, what: str, part: object, method: str = "close") -> None:

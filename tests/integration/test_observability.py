@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
-from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
@@ -48,6 +47,7 @@ from tests.support import (
     tick,
     wait_for,
 )
+from tests.support.tracing import sdk_tracer_provider
 
 if TYPE_CHECKING:
     from tests.conftest import Server, StartManager
@@ -362,13 +362,8 @@ def test_a_failed_tick_is_an_error_with_its_cause(
 @pytest.fixture(scope="module")
 def exporter() -> Iterator[InMemorySpanExporter]:
     """Every span the process ends, kept in memory for this module's tests."""
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        trace.set_tracer_provider(TracerProvider())
-        provider = trace.get_tracer_provider()
-    assert isinstance(provider, TracerProvider)
     memory = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
+    sdk_tracer_provider().add_span_processor(SimpleSpanProcessor(memory))
     yield memory
     # The provider is process-wide and keeps its processors: stop storing.
     memory.shutdown()

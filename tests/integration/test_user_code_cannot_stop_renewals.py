@@ -13,8 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor
 
 from actors import (
     BatchOutcome,
@@ -27,6 +26,7 @@ from actors import (
     track_job,
 )
 from tests.support import Inbox, Recorder, take_locks, wait_for
+from tests.support.tracing import sdk_tracer_provider
 
 if TYPE_CHECKING:
     import redis
@@ -118,13 +118,8 @@ class RaisesOnce(SpanProcessor):
 
 @pytest.fixture
 def raising_processor() -> Any:
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        trace.set_tracer_provider(TracerProvider())
-        provider = trace.get_tracer_provider()
-    assert isinstance(provider, TracerProvider)
     processor = RaisesOnce()
-    provider.add_span_processor(processor)
+    sdk_tracer_provider().add_span_processor(processor)
     yield processor
     # The provider keeps its processors: this one raises no more.
     processor.ended = 3
