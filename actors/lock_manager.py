@@ -784,9 +784,9 @@ def _checked(answer: object) -> BatchOutcome:
     return answer
 
 
-def _all(items: Any, kind: type, item: type) -> bool:
+def _all(items: object, kind: type, item: type) -> bool:
     """Whether ``items`` is exactly a ``kind`` of exactly ``item`` members (a dict: keys)."""
-    return type(items) is kind and all(type(each) is item for each in items)
+    return type(items) is kind and all(type(each) is item for each in items)  # type: ignore[attr-defined]
 
 
 def _close_quietly(queue_name: str, what: str, part: object, method: str = "close") -> None:
