@@ -163,12 +163,15 @@ CLOSE_S = 20.0
 
 
 #: The coroutines of a bullmq worker that is closing while idle: its close, its
-#: run loop and stalled-check timer, and its fetch waiting in BZPOPMIN.
+#: run loop (waiting for its jobs' ends), its stalled-check timer, a stock
+#: worker's own lock renewal loop, and its fetch waiting in BZPOPMIN.
 _BULLMQ_IDLE_WAIT = frozenset(
     {
         "Worker.close",
         "Worker.close.<locals>.teardown",
         "Worker.run",
+        "Worker.getCompleted",
+        "LockManager._renewal_loop",
         "Timer._job",
         "Worker.retryIfFailed",
         "Worker.getNextJob",
