@@ -28,6 +28,7 @@ from actors.api import (
     track_job,
     untrack_job,
 )
+from actors.fencing import fence, guarded, release
 from actors.keys import DEFAULT_PREFIX, QueueKeys
 from actors.leases import Lease, lease
 from actors.lock_manager import LockManager
@@ -71,6 +72,10 @@ __all__ = [  # noqa: RUF022 (grouped by purpose, as pykka does)
     "LockLost",
     "LostLock",
     "lease",
+    # Fencing: a stale holder's writes refused
+    "fence",
+    "guarded",
+    "release",
     # Messages (the low-level door)
     "ExtendLocks",
     "GetActiveJobCount",

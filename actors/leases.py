@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pykka
 
 from actors.aio import answer, ask, call_in_loop, set_result
+from actors.fencing import fence
 from actors.jobs import Validity
 from actors.messages import MANAGER_STOPPED, UNCONFIRMED, LockLost, TrackJob, UntrackJob
 from actors.ref import ManagerRef, ManagerStopped, require_manager
@@ -132,6 +133,8 @@ class Lease:
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         # The answer to the TrackJob: until then a stopping manager may drop it silently.
         self._tracked: pykka.Future[Any] | None = None
+        self._fence_lock = threading.Lock()
+        self._fence: int | None = None
 
     @property
     def job_id(self) -> str:
@@ -147,6 +150,36 @@ class Lease:
     def max_hold(self) -> int | None:
         """The lease's own hold limit in milliseconds, or ``None``."""
         return self._message.max_hold
+
+    @property
+    def fence(self) -> int:
+        """This holder's fencing number (see :func:`actors.fence`), taken on the first read.
+
+        The first read costs one round trip on the manager's client and needs
+        the lock to hold the lease's token; later reads return the same number,
+        after a loss too: it still names this holder, whose writes a store that
+        saw a later holder's number refuses.
+
+        Raises:
+            LockLost: The lock is lost, or no longer holds the lease's token
+                (the lease is then lost too); no number was taken.
+            LookupError: The job's hash is gone.
+            RuntimeError: The lease is not held, or its manager renews through
+                a renewer with no client.
+            redis.exceptions.RedisError: The server or the connection failed.
+        """
+        with self._fence_lock:
+            if self._fence is None:
+                if self._state is not _HELD:
+                    raise RuntimeError(f"the lease of job {self.job_id!r} is not held")
+                self.check()
+                client, keys = self._manager.fencing()
+                try:
+                    self._fence = fence(client, keys, self.job_id, self.token)
+                except LockLost as lost:
+                    self._lose(lost)
+                    raise
+            return self._fence
 
     @property
     def lost(self) -> bool:

@@ -438,6 +438,20 @@ class LockManager(pykka.ThreadingActor):
             return timing.lock_duration - self.safety_margin
         return timing.lock_duration - check_safety_margin(safety_margin, timing)
 
+    def fencing(self) -> tuple[Client, QueueKeys]:
+        """Return the client and keys a lease takes its fence with (thread-safe).
+
+        Raises:
+            RuntimeError: The manager renews through a renewer with no client.
+        """
+        client = getattr(self._renewer, "connection", None)
+        if client is None:
+            raise RuntimeError(
+                "this manager renews through a renewer with no connection: take the fence "
+                "with actors.fence(client, keys, job_id, token)"
+            )
+        return client, self.keys
+
     # -- life -----------------------------------------------------------------------
 
     def _start_threads(self) -> None:

@@ -28,6 +28,8 @@ from actors.report import on_a_delivery_thread
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from actors.keys import QueueKeys
+
 __all__ = ["Answer", "ManagerRef", "ManagerStopped", "admit", "require_manager"]
 
 logger = logging.getLogger(__name__)
@@ -185,6 +187,10 @@ class _Manager(Protocol):
         """How long a watched lock is trusted after a confirmed renewal's send, in ms."""
         ...
 
+    def fencing(self) -> tuple[Any, QueueKeys]:
+        """The client and keys a lease takes its fence with."""
+        ...
+
 
 class ManagerRef(pykka.ActorRef[Any]):
     """A :class:`~actors.LockManager`'s ``ActorRef``; use it as any pykka reference."""
@@ -217,6 +223,14 @@ class ManagerRef(pykka.ActorRef[Any]):
             ValueError: It does not fit the manager's ``lock_duration``.
         """
         return self._manager.trusted_for(safety_margin)
+
+    def fencing(self) -> tuple[Any, QueueKeys]:
+        """Return the client and keys the manager's leases take their fences with.
+
+        Raises:
+            RuntimeError: The manager renews through a renewer with no client.
+        """
+        return self._manager.fencing()
 
     def is_alive(self) -> bool:
         """Whether the manager runs, in this process (never in a fork of the one it started in)."""

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_BATCH",
+    "RAW",
     "RELEASE_SCRIPT",
     "SCRIPT_NAME",
     "RedisRenewer",
@@ -204,7 +205,7 @@ def run_chunks(
 
 #: Options of a command whose reply is kept as the server's bytes. redis-py
 #: honours them on ``redis.Redis`` and ``redis.RedisCluster``, in pipelines too.
-_RAW: dict[str, Any] = {NEVER_DECODE: True}
+RAW: dict[str, Any] = {NEVER_DECODE: True}
 
 
 def lock_holds(conn: Any, keys: QueueKeys, job_id: str, token: str) -> bool:
@@ -216,7 +217,7 @@ def lock_holds(conn: Any, keys: QueueKeys, job_id: str, token: str) -> bool:
     Raises:
         redis.exceptions.RedisError: The read failed.
     """
-    return bool(conn.execute_command("GET", keys.lock(job_id), **_RAW) == token.encode("utf-8"))
+    return bool(conn.execute_command("GET", keys.lock(job_id), **RAW) == token.encode("utf-8"))
 
 
 def classify_failed(
@@ -250,7 +251,7 @@ def classify_failed(
         for job_id in reported:
             # Built as the script builds it; read undecoded, as decoding could
             # raise, or make foreign bytes equal a token holding U+FFFD.
-            pipe.execute_command("GET", lock_key(keys.key_prefix, job_id), **_RAW)
+            pipe.execute_command("GET", lock_key(keys.key_prefix, job_id), **RAW)
         values = pipe.execute(raise_on_error=False)
     except Exception as exc:
         # Not only RedisError: whatever went wrong, these locks may still be

@@ -35,7 +35,7 @@ from pykka._envelope import Envelope
 
 import actors.messages as m
 from actors.books import Report
-from actors.connection import client_settings, encoding, is_cluster
+from actors.connection import client_like, client_settings, command_timeout, encoding, is_cluster
 from actors.lock_manager import Fired, LockManager, TicksFirst
 from actors.process.shared import Cells, SharedValidity, Tick, Writer
 from actors.scripts import DEFAULT_MAX_BATCH
@@ -276,6 +276,10 @@ class ProcessLockManager(LockManager, isolation="process"):
             self._cells.close()
             raise
         self._books.jobs.touched = {}
+        self._fence_lock = threading.Lock()
+        #: The worker's client, given or built for fences (closed with the manager).
+        self._given = connection if isinstance(connection, redis.Redis) else None
+        self._built: redis.Redis | None = None
         self._outbox: list[tuple[Any, ...]] = []
         self._requests = itertools.count(1)
         #: Asked "renew now"s, answered once the child's tick says it ran them.
@@ -286,6 +290,16 @@ class ProcessLockManager(LockManager, isolation="process"):
         self._spawned: Child | None = None
         self._start_threads()
         _RUNNING.add(self)
+
+    def fencing(self) -> tuple[Client, QueueKeys]:
+        """Return the worker's client for fences: the one given, or one built once from the URL."""
+        if self._given is not None:
+            return self._given, self.keys
+        with self._fence_lock:
+            if self._built is None:
+                timeout = command_timeout(self._timing, self.safety_margin)
+                self._built = client_like(self._config["connection"], timeout=timeout)
+            return self._built, self.keys
 
     @property
     def pid(self) -> int | None:
@@ -339,6 +353,8 @@ class ProcessLockManager(LockManager, isolation="process"):
         if timer is not None:
             timer.close()
         self._cells.close()
+        if self._built is not None:
+            self._built.close()
 
     # -- the child's words, on the reader thread ------------------------------------------
 

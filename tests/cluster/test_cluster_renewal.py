@@ -265,8 +265,10 @@ def test_script_source_is_what_the_cluster_runs(cluster_client: redis.RedisClust
 def test_a_hung_master_costs_a_tick_less_than_the_trust_window_and_no_answer(
     cluster: LocalCluster,
 ) -> None:
-    # given a queue on a master and a manager on the client that cluster_client builds
-    lock_duration, lock_renew_time = 3_000, 1_000
+    # given a queue on a master and a manager on the client that cluster_client builds,
+    # with locks that outlast the two failed ticks waited for, a renewal's whole
+    # period before them and the resume (3,000 ms locks did not, on a loaded machine)
+    lock_duration, lock_renew_time = 6_000, 1_000
     interval = lock_renew_time // 2
     master = cluster.masters()[0]
     keys = QueueKeys(cluster.queue_on(master, "hung"))

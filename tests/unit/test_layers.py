@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "actors"
 
 LAYERS = [
     ["timing", "keys", "messages", "jobs", "books"],
-    ["connection", "scripts"],
+    ["connection", "scripts", "fencing"],
     [
         "telemetry",
         "timer",

@@ -1,0 +1,309 @@
+"""Fencing: a stale holder's writes are refused, whatever the timing.
+
+A lease tells a job its lock may be gone before another worker can take it,
+but a job paused right after its last check (a GIL hold, SIGSTOP) writes once
+it resumes. Two cures, for two kinds of store:
+
+- :func:`fence` hands the holder a number that strictly increases across the
+  successive holders of one job; a store that refuses a number smaller than
+  one it has seen refuses every stale holder.
+- :func:`guarded` applies writes to the same Redis only while the lock holds
+  the caller's token, atomically: no number needed.
+
+:func:`release` is the compare-and-delete of a job's lock. Each takes a
+``redis.Redis`` or ``redis.RedisCluster`` client, or a ``redis.asyncio`` one
+(then :func:`release` and :func:`fence` return a coroutine, and
+:func:`guarded` is entered with ``async with``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+import redis
+import redis.asyncio
+from redis.commands.core import DataAccessCommands
+from redis.exceptions import ResponseError, WatchError
+
+from actors.connection import encoding
+from actors.keys import QueueKeys, hash_slot
+from actors.messages import EXPIRED, STOLEN, LockLost
+from actors.scripts import RAW, RELEASE_SCRIPT, script_source
+from actors.timing import require_text
+
+if TYPE_CHECKING:
+    from collections.abc import Coroutine, Iterator
+
+    from actors.messages import Reason
+
+__all__ = ["FENCE_FIELD", "FENCE_SCRIPT", "Guarded", "Writes", "fence", "guarded", "release"]
+
+#: File name of the script that hands out fencing numbers.
+FENCE_SCRIPT = "fence-2.lua"
+#: The field of the job's hash that keeps its last fencing number.
+FENCE_FIELD = "emq:fence"
+
+#: A watched transaction is tried again when something touched the lock but left
+#: it to its holder (a renewal); this many times, then the WatchError is raised.
+WATCH_ATTEMPTS = 16
+
+SyncClient = redis.Redis | redis.RedisCluster
+AsyncClient = redis.asyncio.Redis | redis.asyncio.RedisCluster
+#: What redis-py raises for a transaction across slots (its cluster
+#: transactions came with it, in redis-py 6.1).
+_CROSS_SLOT: type[Exception] = getattr(redis.exceptions, "CrossSlotTransactionError", ValueError)
+_PIPELINES = (redis.client.Pipeline, redis.cluster.ClusterPipeline, redis.asyncio.client.Pipeline)
+
+
+def _checked(client: object, keys: object, job_id: object, token: object) -> tuple[str, str, str]:
+    """Check a helper's arguments in one place; return the lock key, the id and the token."""
+    if isinstance(client, _PIPELINES) or not isinstance(
+        client, (redis.Redis, redis.RedisCluster, redis.asyncio.Redis, redis.asyncio.RedisCluster)
+    ):
+        raise TypeError(
+            "client must be a redis.Redis, redis.RedisCluster or redis.asyncio client "
+            f"(not a pipeline), got {type(client).__name__}"
+        )
+    if not isinstance(keys, QueueKeys):
+        raise TypeError(f"keys must be a QueueKeys, got {type(keys).__name__}")
+    name = encoding(client)
+    if name.replace("_", "-").lower() not in {"utf-8", "utf8"}:
+        raise ValueError(f"client encodes with {name!r}; lock keys and tokens are UTF-8")
+    job_id, token = require_text(job_id, "job_id"), require_text(token, "token")
+    return keys.lock(job_id), job_id, token
+
+
+def _is_async(client: object) -> bool:
+    return isinstance(client, (redis.asyncio.Redis, redis.asyncio.RedisCluster))
+
+
+async def _then(reply: Any, done: Any) -> Any:
+    return done(await reply)
+
+
+@overload
+def release(client: SyncClient, keys: QueueKeys, job_id: str, token: str) -> bool: ...
+@overload
+def release(
+    client: AsyncClient, keys: QueueKeys, job_id: str, token: str
+) -> Coroutine[Any, Any, bool]: ...
+def release(client: Any, keys: QueueKeys, job_id: str, token: str) -> Any:
+    """Delete ``job_id``'s lock if it still holds ``token``; return whether it did.
+
+    A lock another worker holds now is left alone: call it when a job is given
+    up without BullMQ's own move, so the job is handed on at the next stalled
+    check instead of when the TTL runs out.
+
+    Example:
+        >>> actors.release(client, keys, "42", token)
+        True
+
+    Raises:
+        TypeError: ``client`` or ``keys`` is of the wrong kind, or ``job_id``
+            or ``token`` is not a ``str``.
+        ValueError: ``job_id`` or ``token`` is empty, too long or not UTF-8.
+        redis.exceptions.RedisError: The server or the connection failed.
+    """
+    lock, _, token = _checked(client, keys, job_id, token)
+    reply = client.register_script(script_source(RELEASE_SCRIPT))(keys=[lock], args=[token])
+    return _then(reply, _released) if _is_async(client) else _released(reply)
+
+
+def _released(reply: object) -> bool:
+    return reply == 1
+
+
+@overload
+def fence(client: SyncClient, keys: QueueKeys, job_id: str, token: str) -> int: ...
+@overload
+def fence(
+    client: AsyncClient, keys: QueueKeys, job_id: str, token: str
+) -> Coroutine[Any, Any, int]: ...
+def fence(client: Any, keys: QueueKeys, job_id: str, token: str) -> Any:
+    """Return the next fencing number of ``job_id``, while its lock holds ``token``.
+
+    Every number handed out is larger than any handed to an earlier holder of
+    the job's lock (and than this holder's earlier ones). It is kept in the
+    job's hash (field :data:`FENCE_FIELD`), so it goes away with the job and
+    keeps counting across its attempts; BullMQ ignores the field.
+
+    Example:
+        >>> number = actors.fence(client, keys, "42", token)
+        >>> store.write(result, fence=number)   # the store refuses a number below one it saw
+
+    Raises:
+        LockLost: The lock is gone (``"expired"``) or holds something else
+            (``"stolen"``); nothing was written.
+        LookupError: The lock holds ``token`` but the job's hash is gone.
+        TypeError: ``client`` or ``keys`` is of the wrong kind, or ``job_id``
+            or ``token`` is not a ``str``.
+        ValueError: ``job_id`` or ``token`` is empty, too long or not UTF-8; or
+            ``client`` is a cluster client and the lock and the job's hash
+            cannot share a hash slot (name the queue with a hash tag, as
+            ``QueueKeys("{myqueue}")``).
+        redis.exceptions.RedisError: The server or the connection failed.
+    """
+    lock, job_id, token = _checked(client, keys, job_id, token)
+    job = keys.key_prefix + job_id
+    if isinstance(client, (redis.RedisCluster, redis.asyncio.RedisCluster)) and (
+        hash_slot(lock) != hash_slot(job)
+    ):
+        raise ValueError(
+            f"on a cluster, the lock {lock!r} and the job's hash {job!r} must share a hash "
+            f"slot; name the queue with a hash tag, as QueueKeys('{{{keys.name}}}')"
+        )
+    script = client.register_script(script_source(FENCE_SCRIPT))
+    reply = script(keys=[lock, job], args=[token, FENCE_FIELD])
+
+    def fenced(number: object) -> int:
+        if not isinstance(number, int) or number <= 0:
+            if number == -2:
+                raise LookupError(
+                    f"job {job_id!r} has no hash at {job!r}: a fence is kept in the job's "
+                    "hash, so that it goes away with the job"
+                )
+            raise LockLost(job_id, token, EXPIRED if number == 0 else STOLEN, "seen by fence()")
+        return number
+
+    return _then(reply, fenced) if _is_async(client) else fenced(reply)
+
+
+class Writes(DataAccessCommands):
+    """The commands of a :func:`guarded` block, kept until it ends.
+
+    Every data command of redis-py (``set``, ``hset``, ``incr``, ``xadd``...)
+    and ``execute_command`` for any other; none runs before the block ends.
+    """
+
+    #: What redis-py's command protocols declare: a buffer dispatches no events,
+    #: and its commands are typed as a synchronous client's.
+    _event_dispatcher: Any = None
+    _is_async_client: Literal[False] = False
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def execute_command(self, *args: Any, **options: Any) -> Writes:
+        """Keep one command for the transaction; return the buffer, for chained calls."""
+        self.commands.append((args, options))
+        return self
+
+
+def guarded(client: SyncClient | AsyncClient, keys: QueueKeys, job_id: str, token: str) -> Guarded:
+    """Return a block whose writes apply atomically, only while the lock holds ``token``.
+
+    On exit the lock is WATCHed, read and compared, and the block's commands run
+    in MULTI/EXEC: if the lock changed hands in between, EXEC runs nothing.
+
+    Example:
+        >>> with actors.guarded(client, keys, "42", token) as pipe:
+        ...     pipe.hset("results", "42", result)
+        >>> async with actors.guarded(async_client, keys, "42", token) as pipe:
+        ...     pipe.incr("done")
+
+    Raises:
+        LockLost: On exit, when the lock no longer holds ``token``; nothing was written.
+        TypeError, ValueError: As :func:`fence`, at the call.
+    """
+    lock, job_id, token = _checked(client, keys, job_id, token)
+    return Guarded(client, lock, job_id, token)
+
+
+class Guarded:
+    """A :func:`guarded` block; after it, :attr:`results` holds the replies of its commands."""
+
+    def __init__(self, client: Any, lock: str, job_id: str, token: str) -> None:
+        self._client = client
+        self._lock = lock
+        self._job_id = job_id
+        self._token = token
+        self._writes = Writes()
+        #: The replies of the block's commands, in order, once they were applied.
+        self.results: list[Any] | None = None
+
+    def __enter__(self) -> Writes:
+        if _is_async(self._client):
+            raise TypeError("a redis.asyncio client's guarded block is entered with 'async with'")
+        return self._writes
+
+    def __exit__(self, kind: object, *_: object) -> None:
+        if kind is not None:
+            return  # the block raised: nothing is written
+        with self._client.pipeline(transaction=True) as pipe, self._in_slot():
+            self._apply(pipe)
+
+    def _apply(self, pipe: Any) -> None:
+        for _attempt in range(WATCH_ATTEMPTS):
+            pipe.watch(self._lock)
+            try:
+                held = pipe.execute_command("GET", self._lock, **RAW)
+            except ResponseError as exc:
+                held = _not_a_token(exc)
+            self._queue(pipe, held)
+            try:
+                self.results = pipe.execute()
+                return
+            except WatchError as exc:
+                _again(exc)
+        raise WatchError(f"the lock {self._lock!r} kept changing; nothing was written")
+
+    async def __aenter__(self) -> Writes:
+        if not _is_async(self._client):
+            raise TypeError("a redis.Redis client's guarded block is entered with 'with'")
+        return self._writes
+
+    async def __aexit__(self, kind: object, *_: object) -> None:
+        if kind is not None:
+            return
+        async with self._client.pipeline(transaction=True) as pipe:
+            with self._in_slot():
+                await self._apply_async(pipe)
+
+    async def _apply_async(self, pipe: Any) -> None:
+        for _attempt in range(WATCH_ATTEMPTS):
+            await pipe.watch(self._lock)
+            try:
+                held = await pipe.execute_command("GET", self._lock, **RAW)
+            except ResponseError as exc:
+                held = _not_a_token(exc)
+            self._queue(pipe, held)
+            try:
+                self.results = await pipe.execute()
+                return
+            except WatchError as exc:
+                _again(exc)
+        raise WatchError(f"the lock {self._lock!r} kept changing; nothing was written")
+
+    def _queue(self, pipe: Any, held: object) -> None:
+        """Raise if ``held``, the lock's value, is not the token; else queue the block in MULTI."""
+        if held != self._token.encode("utf-8"):
+            reason: Reason = EXPIRED if held is None else STOLEN
+            raise LockLost(self._job_id, self._token, reason, "seen by a guarded write")
+        pipe.multi()
+        for args, options in self._writes.commands:
+            pipe.execute_command(*args, **options)
+
+    @contextlib.contextmanager
+    def _in_slot(self) -> Iterator[None]:
+        try:
+            yield
+        except _CROSS_SLOT as exc:  # raised before anything is sent
+            raise ValueError(
+                "on a cluster, a guarded block writes only keys in its lock's hash slot "
+                f"({hash_slot(self._lock)}; a hash tag in the key names puts them there): {exc}"
+            ) from exc
+
+
+def _not_a_token(exc: ResponseError) -> bytes:
+    # A lock key of another type holds no token: another holder's.
+    if str(exc).startswith("WRONGTYPE"):
+        return b""
+    raise exc
+
+
+def _again(exc: WatchError) -> None:
+    # Only a touched lock is tried again: redis-py's own transaction() also
+    # retries a dropped connection, which could apply an EXEC twice.
+    if exc.__cause__ is not None:
+        raise exc.__cause__ from exc

@@ -1,0 +1,79 @@
+"""The lock helpers on a cluster: they work where a job's keys share a slot, else say so."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+import redis.asyncio
+
+from actors import LockLost, QueueKeys, fence, guarded, release
+from tests.support import new_token
+
+pytestmark = pytest.mark.cluster
+
+KEYS = QueueKeys("{fenced}")
+
+
+def hold(client: redis.RedisCluster, keys: QueueKeys = KEYS) -> str:
+    token = new_token()
+    assert client.set(keys.lock("42"), token, nx=True, px=30_000)
+    client.hset(keys.key_prefix + "42", "data", "{}")
+    return token
+
+
+def test_every_helper_works_on_a_hash_tagged_queue(cluster_client: redis.RedisCluster) -> None:
+    # given a job of a queue whose keys share one slot
+    token = hold(cluster_client)
+    # then fences count, guarded writes to keys of that slot apply, and release deletes
+    assert [fence(cluster_client, KEYS, "42", token) for _ in range(2)] == [1, 2]
+    with guarded(cluster_client, KEYS, "42", token) as pipe:
+        pipe.set("{fenced}:result:42", "done")
+        pipe.incr("{fenced}:finished")
+    assert cluster_client.get("{fenced}:result:42") == b"done"
+    assert release(cluster_client, KEYS, "42", token)
+    with pytest.raises(LockLost, match="expired"), guarded(cluster_client, KEYS, "42", token) as p:
+        p.set("{fenced}:result:42", "stale")
+    assert cluster_client.get("{fenced}:result:42") == b"done"
+
+
+def test_keys_that_cannot_share_a_slot_are_refused_with_the_fix(
+    cluster_client: redis.RedisCluster,
+) -> None:
+    # given a queue without a hash tag: a job's lock and hash fall in different slots
+    keys = QueueKeys("plain")
+    token = new_token()
+    cluster_client.set(keys.lock("42"), token, px=30_000)
+    # then a fence is refused before anything is sent, naming the fix
+    with pytest.raises(ValueError, match=r"QueueKeys\('\{plain\}'\)"):
+        fence(cluster_client, keys, "42", token)
+    # and a guarded block writing outside its lock's slot writes nothing
+    held = hold(cluster_client)
+    with (
+        pytest.raises(ValueError, match="lock's hash slot"),
+        guarded(cluster_client, KEYS, "42", held) as pipe,
+    ):
+        pipe.set("{fenced}:result:42", "in the slot")
+        pipe.set("elsewhere", "out of it")
+    assert not cluster_client.exists("{fenced}:result:42")
+    assert not cluster_client.exists("elsewhere")
+
+
+def test_a_redis_asyncio_cluster_client(cluster_client: redis.RedisCluster) -> None:
+    token = hold(cluster_client)
+    node = cluster_client.get_default_node()  # type: ignore[no-untyped-call]
+    url = f"redis://{node.host}:{node.port}"
+
+    async def holder() -> tuple[int, bool]:
+        client = redis.asyncio.RedisCluster.from_url(url)
+        try:
+            number = await fence(client, KEYS, "42", token)
+            async with guarded(client, KEYS, "42", token) as pipe:
+                pipe.set("{fenced}:result:42", "done")
+            return number, await release(client, KEYS, "42", token)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(holder()) == (1, True)
+    assert cluster_client.get("{fenced}:result:42") == b"done"

@@ -1,0 +1,329 @@
+"""The lock helpers on a real server: release, fence and guarded writes, sync and asyncio.
+
+Each holds a job through a lock as BullMQ takes it (``SET NX PX`` with the
+worker's token) beside the job's hash, and checks what a holder and a stale
+holder can and cannot do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import redis
+import redis.asyncio
+
+import actors
+from actors import LockLost, QueueKeys, fence, guarded, release
+from actors.fencing import FENCE_FIELD
+from tests.support import command_calls, new_token
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from tests.conftest import Server
+
+KEYS = QueueKeys("fences")
+TTL_MS = 30_000
+
+
+def hold(client: redis.Redis, job_id: str = "42", *, job: bool = True) -> str:
+    """Take ``job_id``'s lock with a fresh token (and create its hash); return the token."""
+    token = new_token()
+    assert client.set(KEYS.lock(job_id), token, nx=True, px=TTL_MS)
+    if job:
+        client.hset(KEYS.key_prefix + job_id, mapping={"name": "work", "data": "{}"})
+    return token
+
+
+def take_over(client: redis.Redis, job_id: str = "42") -> str:
+    """Let the lock go as a stalled check would and take it with a new token."""
+    client.delete(KEYS.lock(job_id))
+    return hold(client, job_id, job=False)
+
+
+@pytest.fixture
+def decoding(server: Server, redis_client: redis.Redis) -> Iterator[redis.Redis]:
+    """A client of the same (flushed) server that decodes replies to ``str``."""
+    client = server.client(decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture(params=["bytes", "decoded"])
+def client(
+    request: pytest.FixtureRequest, redis_client: redis.Redis, decoding: redis.Redis
+) -> redis.Redis:
+    """Each kind of client in turn: raw replies, and ``decode_responses=True``."""
+    return redis_client if request.param == "bytes" else decoding
+
+
+# -- release ------------------------------------------------------------------------
+
+
+def test_release_deletes_the_holders_lock_and_no_one_elses(client: redis.Redis) -> None:
+    # given a lock held by this worker, and one another worker took since
+    mine = hold(client, "1")
+    stale = hold(client, "2")
+    theirs = take_over(client, "2")
+
+    # when both are released with this worker's tokens
+    # then only the own lock goes; the other worker's stays as it was
+    assert release(client, KEYS, "1", mine) is True
+    assert release(client, KEYS, "2", stale) is False
+    assert not client.exists(KEYS.lock("1"))
+    assert client.get(KEYS.lock("2")) in {theirs, theirs.encode()}
+    # and a lock that is gone already is no error
+    assert release(client, KEYS, "1", mine) is False
+
+
+# -- fence --------------------------------------------------------------------------
+
+
+def test_fences_strictly_increase_across_holders_and_live_in_the_jobs_hash(
+    client: redis.Redis,
+) -> None:
+    # given a job held by one worker, who takes two fences
+    first = hold(client)
+    taken = [fence(client, KEYS, "42", first), fence(client, KEYS, "42", first)]
+    # when the job passes to a second worker and then a third
+    second = take_over(client)
+    taken.append(fence(client, KEYS, "42", second))
+    third = take_over(client)
+    taken.append(fence(client, KEYS, "42", third))
+
+    # then every number is larger than any earlier holder's
+    assert taken == [1, 2, 3, 4]
+    # and it is one field of the job's hash: no key was added, the job's fields are untouched
+    assert sorted(k.decode() if isinstance(k, bytes) else k for k in client.keys("*")) == [
+        KEYS.key_prefix + "42",
+        KEYS.lock("42"),
+    ]
+    fields = {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in client.hgetall(KEYS.key_prefix + "42").items()
+    }
+    assert fields == {"name": "work", "data": "{}", FENCE_FIELD: "4"}
+
+
+def test_a_stale_holder_gets_no_fence_and_learns_why(client: redis.Redis) -> None:
+    # given a holder whose job another worker took
+    stale = hold(client)
+    take_over(client)
+    # when the stale holder asks for a fence
+    with pytest.raises(LockLost) as raised:
+        fence(client, KEYS, "42", stale)
+    # then it is told the lock was stolen, and no number was spent
+    assert (raised.value.job_id, raised.value.token, raised.value.reason) == (
+        "42",
+        stale,
+        "stolen",
+    )
+    assert client.hget(KEYS.key_prefix + "42", FENCE_FIELD) is None
+
+    # and once the lock is gone the reason says so
+    client.delete(KEYS.lock("42"))
+    with pytest.raises(LockLost, match="expired"):
+        fence(client, KEYS, "42", stale)
+
+
+def test_a_lock_key_of_another_type_is_another_holders(client: redis.Redis) -> None:
+    # given a job whose lock key is a hash, not a token
+    token = hold(client)
+    client.delete(KEYS.lock("42"))
+    client.hset(KEYS.lock("42"), "token", token)
+    # then neither a fence nor a guarded write treats it as held
+    with pytest.raises(LockLost, match="stolen"):
+        fence(client, KEYS, "42", token)
+    with pytest.raises(LockLost, match="stolen"), guarded(client, KEYS, "42", token) as pipe:
+        pipe.set("result", "stale")
+    assert not client.exists("result")
+
+
+def test_a_fence_needs_the_jobs_hash(client: redis.Redis) -> None:
+    # given a bare lock with no job behind it
+    token = hold(client, job=False)
+    # then no fence is taken, and nothing is created that could pass for a job
+    with pytest.raises(LookupError, match="no hash at 'emq:fences:42'"):
+        fence(client, KEYS, "42", token)
+    assert not client.exists(KEYS.key_prefix + "42")
+
+
+@pytest.mark.parametrize("job_id", ["é-ß-任务-🚀", "x" * 2000, "with space", "{tag}"])
+def test_odd_ids_and_tokens_fence_their_own_job(client: redis.Redis, job_id: str) -> None:
+    token = hold(client, job_id)
+    assert fence(client, KEYS, job_id, token) == 1
+    assert release(client, KEYS, job_id, token)
+
+
+@pytest.mark.parametrize(
+    ("job_id", "token", "error", "match"),
+    [
+        ("", "t", ValueError, "job_id must not be empty"),
+        ("42", "", ValueError, "token must not be empty"),
+        ("\udc80", "t", ValueError, "job_id must encode as UTF-8"),
+        ("42", "\ud800", ValueError, "token must encode as UTF-8"),
+        (42, "t", TypeError, "job_id must be a str"),
+        ("42", b"t", TypeError, "token must be a str"),
+    ],
+)
+def test_bad_ids_and_tokens_fail_at_the_call_naming_the_argument(
+    redis_client: redis.Redis, job_id: Any, token: Any, error: type[Exception], match: str
+) -> None:
+    for helper in (release, fence, guarded):
+        with pytest.raises(error, match=match):
+            helper(redis_client, KEYS, job_id, token)
+    assert redis_client.dbsize() == 0
+
+
+def test_a_client_of_the_wrong_kind_fails_at_the_call(
+    redis_client: redis.Redis, server: Server
+) -> None:
+    token = hold(redis_client)
+    latin = server.client(encoding="latin-1")
+    cases: list[tuple[Any, type[Exception], str]] = [
+        (server.url, TypeError, "client must be a redis.Redis"),
+        (redis_client.pipeline(), TypeError, "not a pipeline"),
+        (None, TypeError, "got NoneType"),
+        (latin, ValueError, "encodes with 'latin-1'"),
+    ]
+    try:
+        for bad, error, match in cases:
+            for helper in (release, fence, guarded):
+                with pytest.raises(error, match=match):
+                    helper(bad, KEYS, "42", token)
+        with pytest.raises(TypeError, match="keys must be a QueueKeys"):
+            fence(redis_client, "fences", "42", token)  # type: ignore[call-overload]
+    finally:
+        latin.close()
+    # and the lock is still held: nothing was touched
+    assert redis_client.get(KEYS.lock("42")) == token.encode()
+
+
+# -- guarded ------------------------------------------------------------------------
+
+
+def test_guarded_writes_apply_while_the_lock_holds_the_token(client: redis.Redis) -> None:
+    token = hold(client)
+    block = guarded(client, KEYS, "42", token)
+    with block as pipe:
+        pipe.set("result:42", "done")
+        pipe.incr("finished")
+        pipe.execute_command("HSET", "results", "42", "done")
+    assert client.get("result:42") in {"done", b"done"}
+    assert block.results == [True, 1, 1]
+
+
+def test_a_stale_holders_guarded_writes_are_refused_and_nothing_is_written(
+    client: redis.Redis,
+) -> None:
+    # given a holder whose job another worker took while it was writing
+    stale = hold(client)
+    with pytest.raises(LockLost) as raised, guarded(client, KEYS, "42", stale) as pipe:
+        pipe.set("result:42", "stale")
+        pipe.incr("finished")
+        take_over(client)
+    # then none of its writes landed
+    assert raised.value.reason == "stolen"
+    assert not client.exists("result:42", "finished")
+    # and the same once the lock is gone
+    client.delete(KEYS.lock("42"))
+    with pytest.raises(LockLost, match="expired"), guarded(client, KEYS, "42", stale) as pipe:
+        pipe.set("result:42", "stale")
+    assert not client.exists("result:42")
+
+
+def test_a_block_that_raises_writes_nothing(client: redis.Redis) -> None:
+    token = hold(client)
+    with pytest.raises(RuntimeError, match="half-way"), guarded(client, KEYS, "42", token) as pipe:
+        pipe.set("result:42", "half")
+        raise RuntimeError("half-way")
+    assert not client.exists("result:42")
+
+
+def test_renewals_during_guarded_writes_never_refuse_the_holder(
+    redis_client: redis.Redis, server: Server
+) -> None:
+    # given the lock renewed every millisecond (SET with the same token), far more
+    # often than any manager renews it
+    token = hold(redis_client)
+    watched = command_calls(redis_client, "watch")
+    renewing = threading.Event()
+    stop = threading.Event()
+
+    def renew() -> None:
+        renewer = server.client()
+        while not stop.is_set():
+            renewer.set(KEYS.lock("42"), token, px=TTL_MS)
+            renewing.set()
+            time.sleep(0.001)
+        renewer.close()
+
+    thread = threading.Thread(target=renew, daemon=True)
+    thread.start()
+    try:
+        assert renewing.wait(10)
+        # when the holder writes many times meanwhile
+        for i in range(200):
+            with guarded(redis_client, KEYS, "42", token) as pipe:
+                pipe.rpush("writes", i)
+    finally:
+        stop.set()
+        thread.join(10)
+    # then every write applied, once: a touched lock that still holds the token is tried again
+    assert [int(x) for x in redis_client.lrange("writes", 0, -1)] == list(range(200))
+    assert command_calls(redis_client, "watch") - watched > 200, "no renewal touched a write"
+
+
+def test_the_wrong_with_for_the_client_is_refused(
+    redis_client: redis.Redis, server: Server
+) -> None:
+    token = hold(redis_client)
+    async_client = redis.asyncio.Redis.from_url(server.url)
+
+    async def enter_sync_client_async() -> None:
+        async with guarded(redis_client, KEYS, "42", token):
+            pass
+
+    with pytest.raises(TypeError, match="'async with'"), guarded(async_client, KEYS, "42", token):
+        pass
+    with pytest.raises(TypeError, match="entered with 'with'"):
+        asyncio.run(enter_sync_client_async())
+
+
+# -- asyncio ------------------------------------------------------------------------
+
+
+def test_every_helper_on_a_redis_asyncio_client(redis_client: redis.Redis, server: Server) -> None:
+    token = hold(redis_client)
+
+    async def holder() -> tuple[list[int], list[Any] | None, bool]:
+        client = redis.asyncio.Redis.from_url(server.url, decode_responses=True)
+        try:
+            fences = [await fence(client, KEYS, "42", token) for _ in range(2)]
+            block = guarded(client, KEYS, "42", token)
+            async with block as pipe:
+                pipe.set("result:42", "done")
+            stale = take_over(redis_client)
+            with pytest.raises(LockLost, match="stolen"):
+                await fence(client, KEYS, "42", token)
+            with pytest.raises(LockLost, match="stolen"):
+                async with guarded(client, KEYS, "42", token) as pipe:
+                    pipe.set("result:42", "stale")
+            return fences, block.results, await release(client, KEYS, "42", stale)
+        finally:
+            await client.aclose()
+
+    fences, results, released = asyncio.run(holder())
+    assert fences == [1, 2]
+    assert results == [True]
+    assert redis_client.get("result:42") == b"done"
+    assert released
+    assert not redis_client.exists(KEYS.lock("42"))
+
+
+def test_the_helpers_are_the_packages() -> None:
+    assert {"fence", "guarded", "release"} <= set(actors.__all__)
