@@ -92,8 +92,19 @@ def hold(bench: Bench, blocker: str, *, actor: bool) -> Hold:
     async def process_a(job: Any, token: str, signal: AbortSignal) -> str:
         runs.append(("A", token, time.monotonic()))
         started.set()
+        expired_at = time.time() * 1000 + LOCK_MS
+        blocked_until = time.monotonic() + BLOCK_S
+        checks: set[int] = set()
         try:
-            BLOCKERS[blocker](BLOCK_S)
+            # Blocked for BLOCK_S, and on a loaded machine until B's stalled check
+            # ran twice past the lock's unrenewed expiry (what would take the job).
+            while time.monotonic() < blocked_until + SETTLE_S and (
+                time.monotonic() < blocked_until or len(checks) < 2
+            ):
+                BLOCKERS[blocker](0.05)
+                stamp = bench.client.get(bench.key("stalled-check"))
+                if stamp is not None and int(stamp) > expired_at:
+                    checks.add(int(stamp))
         finally:
             unblocked_at.append(time.monotonic())
             unblocked.set()

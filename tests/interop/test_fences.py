@@ -10,18 +10,23 @@ larger than every earlier holder's while a stale holder is refused.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from bullmq import Job, Queue
 
-from actors import LockLost, fence, track_job, untrack_job
+from actors import LockLost, fence, get_stats, track_job, untrack_job
 from actors.fencing import FENCE_FIELD
 from tests.interop.peers import (
+    HOLD_S,
+    LOCK_MS,
     PREFIX,
     RECOVER_S,
     RENEW_MS,
+    Checks,
     Held,
+    check_once,
     check_until_stalled,
     stall_count,
 )
@@ -175,6 +180,25 @@ def test_fenced_jobs_add_no_key_and_complete_read_and_go_as_any_other(
     assert fields(engine_client, keys, plain.id) == plain_before
     assert python_peer.states(ids) == dict.fromkeys(ids, "active")
 
+    # when the holder takes a fence before each of BullMQ's stalled checks,
+    # run back to back over three lock durations
+    fenced_at = time.monotonic()
+    checks = Checks()
+    while time.monotonic() - fenced_at < HOLD_S:
+        taken.append(fence(engine_client, keys, fenced.id, fenced.token))
+        check_once(python_peer, engine_client, keys, checks)
+
+    # then the numbers went on counting up, and the fenced job kept its lock as
+    # the plain one did: never reported stalled, never lost, still active
+    assert taken == list(range(1, len(taken) + 1))
+    assert checks.ran_after(fenced_at + LOCK_MS / 1000) >= 2, checks
+    assert checks.stalled == []
+    assert get_stats(manager).lost == 0
+    for job in (fenced, plain):
+        assert engine_client.get(keys.lock(job.id)) == job.token.encode(), job
+        assert stall_count(engine_client, keys, job.id) == 0, job
+    assert python_peer.states(ids) == dict.fromkeys(ids, "active")
+
     # when bullmq-py completes both jobs with their holders' tokens (BullMQ's
     # worker untracks a job once it moved it)
     for job in (fenced, plain):
@@ -288,7 +312,7 @@ def test_a_running_nodejs_worker_keeps_jobs_we_fence_and_its_successor_fences_hi
         fenced_through_renewals,
         RECOVER_S,
         f"the Node.js worker renewed each lock {RENEWALS} times",
-        interval=RENEW_MS / 1000 / 8,
+        interval=RENEW_MS / 1000 / 2,
     )
 
     # then the numbers counted up by one, and the worker was not disturbed: it
