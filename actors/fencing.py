@@ -106,12 +106,20 @@ def release(client: Any, keys: QueueKeys, job_id: str, token: str) -> Any:
         redis.exceptions.RedisError: The server or the connection failed.
     """
     lock, _, token = _checked(client, keys, job_id, token)
-    reply = client.register_script(script_source(RELEASE_SCRIPT))(keys=[lock], args=[token])
-    return _then(reply, _released) if _is_async(client) else _released(reply)
+    script = client.register_script(script_source(RELEASE_SCRIPT))
+    if _is_async(client):
+        return _release_async(script, lock, token)
+    try:
+        return bool(script(keys=[lock], args=[token]) == 1)
+    except ResponseError as exc:
+        return bool(_not_a_token(exc))
 
 
-def _released(reply: object) -> bool:
-    return reply == 1
+async def _release_async(script: Any, lock: str, token: str) -> bool:
+    try:
+        return bool(await script(keys=[lock], args=[token]) == 1)
+    except ResponseError as exc:
+        return bool(_not_a_token(exc))
 
 
 @overload
@@ -185,9 +193,40 @@ class Writes(DataAccessCommands):
         self.commands: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
 
     def execute_command(self, *args: Any, **options: Any) -> Writes:
-        """Keep one command for the transaction; return the buffer, for chained calls."""
+        """Keep one command for the transaction; return the buffer, for chained calls.
+
+        Raises:
+            TypeError: A command that would end the transaction or change the
+                connection (MULTI, EXEC, WATCH, SELECT, CLIENT...).
+        """
+        name = args[0].upper() if args and isinstance(args[0], str) else args[:1]
+        if name in _NOT_IN_A_BLOCK:
+            raise TypeError(f"{name} has no place in a guarded block: it would undo the guard")
         self.commands.append((args, options))
         return self
+
+
+#: Commands that would end the watched transaction early or change its connection.
+_NOT_IN_A_BLOCK = frozenset(
+    {
+        "MULTI",
+        "EXEC",
+        "DISCARD",
+        "WATCH",
+        "UNWATCH",
+        "SELECT",
+        "RESET",
+        "CLIENT",
+        "AUTH",
+        "HELLO",
+        "QUIT",
+        "SWAPDB",
+        "MONITOR",
+        "SUBSCRIBE",
+        "PSUBSCRIBE",
+        "SSUBSCRIBE",
+    }
+)
 
 
 def guarded(client: SyncClient | AsyncClient, keys: QueueKeys, job_id: str, token: str) -> Guarded:
@@ -219,12 +258,19 @@ class Guarded:
         self._job_id = job_id
         self._token = token
         self._writes = Writes()
+        self._entered = False
         #: The replies of the block's commands, in order, once they were applied.
         self.results: list[Any] | None = None
 
     def __enter__(self) -> Writes:
         if _is_async(self._client):
             raise TypeError("a redis.asyncio client's guarded block is entered with 'async with'")
+        return self._enter()
+
+    def _enter(self) -> Writes:
+        if self._entered:
+            raise RuntimeError("a guarded block is entered once: call actors.guarded() again")
+        self._entered = True
         return self._writes
 
     def __exit__(self, kind: object, *_: object) -> None:
@@ -251,7 +297,7 @@ class Guarded:
     async def __aenter__(self) -> Writes:
         if not _is_async(self._client):
             raise TypeError("a redis.Redis client's guarded block is entered with 'with'")
-        return self._writes
+        return self._enter()
 
     async def __aexit__(self, kind: object, *_: object) -> None:
         if kind is not None:
@@ -304,6 +350,8 @@ def _not_a_token(exc: ResponseError) -> bytes:
 
 def _again(exc: WatchError) -> None:
     # Only a touched lock is tried again: redis-py's own transaction() also
-    # retries a dropped connection, which could apply an EXEC twice.
-    if exc.__cause__ is not None:
-        raise exc.__cause__ from exc
+    # retries a dropped connection, which could apply an EXEC twice. redis-py
+    # raises that WatchError while handling the connection's error.
+    dropped = exc.__cause__ or exc.__context__
+    if dropped is not None:
+        raise dropped from exc

@@ -13,11 +13,15 @@
   this one. Each holder's numbers are larger than any earlier holder's: an
   earlier holder took its numbers while it held the lock, before this one could.
   Returns the number (1, 2, ...); 0 when the lock is gone, -1 when it holds
-  anything else (another token, another type), -2 when the job's hash is gone.
+  anything else (another token, a key of
+  another type), -2 when the job's hash is gone.
 ]]
 local held = redis.pcall("GET", KEYS[1])
 if held == false then
   return 0
+end
+if type(held) == "table" and held.err and not string.find(held.err, "WRONGTYPE", 1, true) then
+  return redis.error_reply(held.err)  -- the server refused the read: no verdict on the lock
 end
 if held ~= ARGV[1] then
   return -1

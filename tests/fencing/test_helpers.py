@@ -327,3 +327,52 @@ def test_every_helper_on_a_redis_asyncio_client(redis_client: redis.Redis, serve
 
 def test_the_helpers_are_the_packages() -> None:
     assert {"fence", "guarded", "release"} <= set(actors.__all__)
+
+
+# -- what a hostile caller tried ------------------------------------------------------
+
+
+def test_a_guarded_block_is_entered_once(redis_client: redis.Redis) -> None:
+    token = hold(redis_client)
+    block = guarded(redis_client, KEYS, "42", token)
+    with block as pipe:
+        pipe.incr("x")
+    with pytest.raises(RuntimeError, match="entered once"), block:
+        pass
+    assert redis_client.get("x") == b"1"
+
+
+@pytest.mark.parametrize("command", ["EXEC", "MULTI", "DISCARD", "UNWATCH", "select", "CLIENT"])
+def test_commands_that_would_undo_the_guard_are_refused(
+    redis_client: redis.Redis, command: str
+) -> None:
+    token = hold(redis_client)
+    refused = pytest.raises(TypeError, match="no place in a guarded block")
+    with refused, guarded(redis_client, KEYS, "42", token) as pipe:
+        pipe.set("e1", 1)
+        pipe.execute_command(command, 1)
+        pipe.set("e2", 2)
+    assert not redis_client.exists("e1", "e2")
+
+
+def test_release_of_a_lock_key_of_another_type_leaves_it(redis_client: redis.Redis) -> None:
+    redis_client.hset(KEYS.lock("8"), "a", "b")
+    assert release(redis_client, KEYS, "8", "token") is False
+    assert redis_client.hgetall(KEYS.lock("8")) == {b"a": b"b"}
+
+
+def test_a_server_that_refuses_the_read_is_an_error_not_a_loss(
+    redis_client: redis.Redis, server: Server
+) -> None:
+    # given a user the server lets run scripts but not GET
+    token = hold(redis_client)
+    redis_client.execute_command("ACL", "SETUSER", "noget", "on", ">pw", "~*", "+@all", "-get")  # type: ignore[no-untyped-call]
+    user = server.client(username="noget", password="pw")
+    try:
+        # then a fence is the server's error, not a stolen lock
+        with pytest.raises(redis.ResponseError, match=r"(?i)permission"):
+            fence(user, KEYS, "42", token)
+    finally:
+        user.close()
+        redis_client.execute_command("ACL", "DELUSER", "noget")  # type: ignore[no-untyped-call]
+    assert fence(redis_client, KEYS, "42", token) == 1
