@@ -11,6 +11,11 @@ The proxy forwards bytes both ways and can be switched at run time to:
 - ``"reset"``: every open connection and every new one is reset (RST, by
   closing with ``SO_LINGER`` 0) as soon as it is seen or sends a command.
 
+Apart from the modes, :meth:`FaultProxy.drop_reply_to` arms a one-shot cut: the
+next chunk a client sends that holds a given command reaches the server, and
+the connection is closed as the server's reply comes back, so the client sees
+a dropped connection for a command the server ran.
+
 Example:
     >>> with FaultProxy("127.0.0.1", 6379) as proxy:
     ...     client = redis.Redis.from_url(proxy.url, socket_timeout=0.5)
@@ -57,6 +62,8 @@ class _Link:
         self.upstream = upstream
         self._lock = threading.Lock()
         self._closed = False
+        #: Set once a chunk holding the armed command went to the server.
+        self._cut_on_reply = False
         self.threads = [
             threading.Thread(
                 target=self._pump, args=(client, upstream, True), name="proxy-up", daemon=True
@@ -108,6 +115,10 @@ class _Link:
                 delay = proxy.latency
                 if to_server and delay > 0:
                     time.sleep(delay)
+                if not to_server and self._cut_on_reply:
+                    break  # the server ran the command; its reply is lost
+                if to_server and proxy._take_cut(data):
+                    self._cut_on_reply = True
                 dst.sendall(data)
         except (OSError, ValueError):
             # The other pump closed the link, or a peer went away.
@@ -140,8 +151,17 @@ class FaultProxy:
         self._links: set[_Link] = set()
         self._links_lock = threading.Lock()
         self._closed = False
+        self._cut: bytes | None = None
+        #: How many connections :meth:`drop_reply_to` cut.
+        self.cuts = 0
         self.accepted = 0
         self._thread = threading.Thread(target=self._serve, name="proxy-accept", daemon=True)
+
+    @classmethod
+    def to(cls, url: str) -> FaultProxy:
+        """A proxy (not yet started) to the server at ``redis://HOST:PORT/...``."""
+        host, port = url.removeprefix("redis://").split("/")[0].split(":")
+        return cls(host, int(port))
 
     # -- control ---------------------------------------------------------
 
@@ -188,6 +208,17 @@ class FaultProxy:
     def reset(self) -> None:
         """Reset every connection, and each new one as soon as it arrives."""
         self.mode = "reset"
+
+    def drop_reply_to(self, command: str) -> None:
+        """Cut the connection that next sends ``command``, once the server ran it.
+
+        The chunk holding the command (as RESP sends it, ``$4\\r\\nEXEC\\r\\n``
+        for ``"EXEC"``) is forwarded; the server's answer is not, and both
+        sides are closed. One cut per call.
+        """
+        encoded = command.encode()
+        with self._changed:
+            self._cut = b"$%d\r\n%s\r\n" % (len(encoded), encoded)
 
     @contextlib.contextmanager
     def fault(self, mode: Mode) -> Iterator[FaultProxy]:
@@ -246,6 +277,14 @@ class FaultProxy:
     def _wait_for_change(self, timeout: float) -> None:
         with self._changed:
             self._changed.wait(timeout)
+
+    def _take_cut(self, data: bytes) -> bool:
+        with self._changed:
+            if self._cut is None or self._cut.lower() not in data.lower():
+                return False
+            self._cut = None
+            self.cuts += 1
+            return True
 
     def _forget(self, link: _Link) -> None:
         with self._links_lock:

@@ -20,8 +20,7 @@ if TYPE_CHECKING:
 
 @pytest.fixture
 def shared_proxy(server: Server) -> Iterator[FaultProxy]:
-    host, port = server.url.removeprefix("redis://").split("/")[0].split(":")
-    with FaultProxy(host, int(port)) as fault_proxy:
+    with FaultProxy.to(server.url) as fault_proxy:
         yield fault_proxy
 
 
@@ -90,6 +89,23 @@ def test_latency_delays_each_round_trip(shared_proxy: FaultProxy) -> None:
     elapsed = time.monotonic() - started
 
     assert elapsed >= 0.6
+
+
+def test_a_dropped_reply_reaches_the_client_as_a_dropped_connection(
+    shared_proxy: FaultProxy, redis_client: redis.Redis
+) -> None:
+    client = client_of(shared_proxy)
+    assert client.ping()
+    shared_proxy.drop_reply_to("INCRBY")  # what redis-py sends for incr()
+
+    # The server ran the command, and the client saw its connection drop
+    with pytest.raises(redis.ConnectionError):
+        client.incr("counted")
+    assert redis_client.get("counted") == b"1"
+    assert shared_proxy.cuts == 1
+
+    # And the cut was one-shot: the next connection is answered
+    assert client.incr("counted") == 2
 
 
 def test_unknown_mode_is_refused(shared_proxy: FaultProxy) -> None:

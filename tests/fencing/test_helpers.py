@@ -15,10 +15,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis
 import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 import actors
 from actors import LockLost, QueueKeys, fence, guarded, release
 from actors.fencing import FENCE_FIELD
+from tests.faults.proxy import FaultProxy
 from tests.support import command_calls, new_token
 
 if TYPE_CHECKING:
@@ -292,6 +296,50 @@ def test_the_wrong_with_for_the_client_is_refused(
         pass
     with pytest.raises(TypeError, match="entered with 'with'"):
         asyncio.run(enter_sync_client_async())
+
+
+def test_a_connection_dropped_after_exec_reached_the_server_applies_the_block_once(
+    redis_client: redis.Redis, server: Server
+) -> None:
+    # Given a holder whose client retries a dropped connection, through a proxy
+    # that lets the block's EXEC reach the server and then drops the connection
+    token = hold(redis_client)
+    with FaultProxy.to(server.url) as proxy:
+        client = redis.Redis.from_url(proxy.url, retry=Retry(NoBackoff(), 3))
+        assert client.ping()
+        proxy.drop_reply_to("EXEC")
+
+        # When the guarded block runs, then the holder sees the drop
+        with pytest.raises(redis.ConnectionError), guarded(client, KEYS, "42", token) as pipe:
+            pipe.incr("applied:42")
+        client.close()
+
+    # And the server ran the block exactly once: it was never sent again
+    assert proxy.cuts == 1
+    assert redis_client.get("applied:42") == b"1"
+
+
+def test_an_async_block_whose_exec_reply_is_lost_is_applied_once(
+    redis_client: redis.Redis, server: Server
+) -> None:
+    token = hold(redis_client)
+
+    async def holder(url: str) -> None:
+        client = redis.asyncio.Redis.from_url(url, retry=AsyncRetry(NoBackoff(), 3))
+        try:
+            assert await client.ping()
+            proxy.drop_reply_to("EXEC")
+            with pytest.raises(redis.ConnectionError):
+                async with guarded(client, KEYS, "42", token) as pipe:
+                    pipe.incr("applied:42")
+        finally:
+            await client.aclose()
+
+    with FaultProxy.to(server.url) as proxy:
+        asyncio.run(holder(proxy.url))
+
+    assert proxy.cuts == 1
+    assert redis_client.get("applied:42") == b"1"
 
 
 # -- asyncio ------------------------------------------------------------------------
