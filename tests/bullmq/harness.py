@@ -323,11 +323,13 @@ class Bench:
         actor: bool,
         connection: Any = None,
         connection_for_renewal: Any = None,
+        isolation: str = "thread",
     ) -> RunningWorker:
         """Create a worker on a new loop thread, install our manager if ``actor``, and run it.
 
         ``connection`` is the worker's own; ``connection_for_renewal`` the
-        manager's, when it is not to be built from the worker's.
+        manager's, when it is not to be built from the worker's; ``isolation``
+        the manager's mode.
         """
         loop = LoopThread(f"bullmq-{name}")
         events = WorkerEvents()
@@ -338,7 +340,11 @@ class Bench:
                 options["connection"] = connection
             worker = Worker(self.queue, processor, options)
             installed = (
-                use_actor_lock_manager(worker, connection=connection_for_renewal) if actor else None
+                use_actor_lock_manager(
+                    worker, connection=connection_for_renewal, isolation=isolation
+                )
+                if actor
+                else None
             )
             events.listen(worker, *EVENTS)
             task = asyncio.ensure_future(worker.run())

@@ -1,6 +1,7 @@
 """Generated schedules: any concurrency, loop blocks at random moments, every job runs once.
 
-Each example runs worker A (bullmq-py with ``use_actor_lock_manager``) at a
+Each example runs worker A (bullmq-py with ``use_actor_lock_manager``, in each
+isolation mode in turn) at a
 drawn concurrency over a drawn set of jobs: async work of random length, some
 jobs moving themselves to delayed first, and some processors blocking the
 loop with ``time.sleep`` for up to three lock durations at a drawn moment
@@ -22,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from bullmq.custom_errors import DelayedError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -80,7 +82,7 @@ def plans(draw: st.DrawFn) -> list[Plan]:
     return drawn
 
 
-def run_schedule(bench: Bench, concurrency: int, schedule: list[Plan]) -> None:
+def run_schedule(bench: Bench, concurrency: int, schedule: list[Plan], isolation: str) -> None:
     runs: dict[str, list[int]] = {}
 
     async def process(job: Any, token: str) -> str:
@@ -102,7 +104,7 @@ def run_schedule(bench: Bench, concurrency: int, schedule: list[Plan]) -> None:
     ids = [bench.add_job({"plan": i}) for i in range(len(schedule))]
     options = {"lockDuration": LOCK_MS, "concurrency": concurrency}
     started = time.monotonic()
-    a = bench.start_worker(f"A{ids[0]}", process, options, actor=True)
+    a = bench.start_worker(f"A{ids[0]}", process, options, actor=True, isolation=isolation)
     blocked_s = sum(plan.block_ms for plan in schedule if plan.block_at) / 1000
     try:
         wait_until(
@@ -136,6 +138,7 @@ def run_schedule(bench: Bench, concurrency: int, schedule: list[Plan]) -> None:
     OUTCOMES.add(
         "generated schedules",
         engine=bench.engine,
+        isolation=isolation,
         concurrency=concurrency,
         jobs=len(ids),
         delayed=sum(plan.delays for plan in schedule),
@@ -148,6 +151,7 @@ def run_schedule(bench: Bench, concurrency: int, schedule: list[Plan]) -> None:
     )
 
 
+@pytest.mark.parametrize("isolation", ["thread", "process"])
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -155,12 +159,12 @@ def run_schedule(bench: Bench, concurrency: int, schedule: list[Plan]) -> None:
 )
 @given(concurrency=st.integers(1, 8), schedule=plans())
 def test_every_job_runs_once_whatever_blocks_the_loop(
-    bench: Bench, concurrency: int, schedule: list[Plan]
+    bench: Bench, isolation: str, concurrency: int, schedule: list[Plan]
 ) -> None:
     # One queue and one stalled checker serve every example of the engine.
     if not bench.peers():
         bench.start_peer("B", CHECKER)
-    run_schedule(bench, concurrency, schedule)
+    run_schedule(bench, concurrency, schedule, isolation)
     (checker,) = bench.peers()
     assert checker.stalled_ids() == []
     assert checker.runs() == []
