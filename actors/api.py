@@ -144,11 +144,17 @@ def track_job(
     ts: int | None = None,
     notify: Notify | None = None,
     max_hold: int | None = None,
+    wait: bool = False,
+    timeout: float | None = None,
 ) -> None:
     """Tell ``manager`` to renew ``job_id``'s lock, held with ``token``.
 
-    Returns at once. Each call adds a claim, named by its ``notify`` target
-    (see :class:`~actors.TrackJob`). A stopped manager ignores it, warning once.
+    Returns at once by default. With ``wait=True`` it returns once the
+    renewing side has the lock: the manager's books in thread mode, and in
+    process mode the child's socket, so that a call right after that holds the
+    GIL (C code that never lets it go) finds its lock renewed throughout. Each
+    call adds a claim, named by its ``notify`` target (see
+    :class:`~actors.TrackJob`). A stopped manager ignores it, warning once.
 
     Args:
         manager: The manager.
@@ -160,16 +166,27 @@ def track_job(
             if the lock is lost.
         max_hold: Most milliseconds to renew this lock; the manager's
             ``max_hold`` when ``None``.
+        wait: Wait until the renewing side has the lock.
+        timeout: With ``wait``, the most seconds to wait.
 
     Raises:
         TypeError: An argument has the wrong type.
         ValueError: ``job_id`` or ``token`` is empty, too long or not UTF-8;
             ``max_hold`` is out of range.
+        pykka.Timeout: With ``wait``, no answer within ``timeout`` seconds
+            (the claim may still be taken).
     """
     ref = require_manager(manager)
     # Stamped in the caller's thread, however long the message then waits.
     stamp = ref.clock() if ts is None else ts
-    _send(ref, TrackJob(job_id, token, stamp, notify, max_hold))
+    message = TrackJob(job_id, token, stamp, notify, max_hold)
+    if not wait:
+        _send(ref, message)
+        return
+    try:
+        _ask(ref, message, timeout=timeout)
+    except ManagerStopped:
+        ref._ignored(message.operation)
 
 
 def untrack_job(

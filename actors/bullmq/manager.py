@@ -8,6 +8,8 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+import pykka
+
 from actors.aio import call_in_loop
 from actors.api import start_link, track_job, untrack_job
 from actors.bullmq.hooks import attempt, must_wait, off_the_loop, renewal_client, stopper
@@ -282,10 +284,19 @@ class ActorLockManager:
         if failure is not None:
             self._runs.emit("error", failure)
 
-    def _track(self, job_id: str, token: str, taken_ms: int) -> None:
+    def _track(self, job_id: str, token: str, taken_ms: int, *, wait: bool = False) -> None:
         # Watched by this object (see tell): trusted only until its deadline.
         if self.manager is not None:
-            track_job(self.manager, job_id, token, ts=taken_ms, notify=self)
+            with contextlib.suppress(pykka.Timeout):  # tracked all the same, a little later
+                track_job(
+                    self.manager,
+                    job_id,
+                    token,
+                    ts=taken_ms,
+                    notify=self,
+                    wait=wait,
+                    timeout=self.lock_duration / 1000,
+                )
 
     def _untrack(self, job_id: str, token: str) -> None:
         self._signals.pop((job_id, token), None)
@@ -330,7 +341,9 @@ class ActorLockManager:
         """Track a job the fetch took; runs on the fetch thread, when the server answers."""
         # Handed to the loop first: the manager's reports on the run come after.
         self._to_loop(self._fetched, job_id, Run(token, sent_wall_ms))
-        self._track(job_id, token, sent_ms)
+        # In process mode the processor starts once the child has the lock: one
+        # that holds the GIL from its first line keeps it renewed all the same.
+        self._track(job_id, token, sent_ms, wait=self._isolation == "process")
 
     def _fetched(self, job_id: str, run: Run) -> None:
         if not self.closed:

@@ -452,19 +452,28 @@ class ProcessLockManager(LockManager, isolation="process"):
 
     def on_receive(self, message: Any) -> Any:
         """Handle one message, answer it, then tell the child what changed."""
+        later: tuple[pykka.Future[Any], Any] | None = None
         try:
             answer = super().on_receive(message)
             envelope = self._mailbox.current
             if envelope.reply_to is not None and envelope.message is message:
-                # Answered before the write to the child: the asker waits for the books only.
-                envelope.reply_to.set(answer)
+                if type(message) is m.TrackJob:
+                    # Answered once the lock is in the child's socket: the asker may
+                    # then hold the GIL, and the child renews the lock meanwhile.
+                    later = (envelope.reply_to, answer)
+                else:
+                    # Answered before the write to the child: the asker waits for the books.
+                    envelope.reply_to.set(answer)
                 envelope.reply_to = None
-            return answer
         finally:
-            self._sync()
+            self._sync(sent=later)
+        return answer
 
-    def _sync(self) -> None:
-        """Tell the child the state of each lock that changed; send when the mailbox is empty."""
+    def _sync(self, sent: tuple[pykka.Future[Any], Any] | None = None) -> None:
+        """Tell the child the state of each lock that changed; send when the mailbox is empty.
+
+        With ``sent``, a reply and its answer: send now, and set the reply once written.
+        """
         jobs = self._books.jobs
         touched = jobs.touched
         assert touched is not None
@@ -485,8 +494,16 @@ class ProcessLockManager(LockManager, isolation="process"):
         if retired:
             outbox.append(("retire", retired))
         # A burst of tracks costs one write; a lone untrack goes at once.
-        if outbox and (len(outbox) >= _BATCH or self._mailbox.empty()):
+        if outbox and (sent is not None or len(outbox) >= _BATCH or self._mailbox.empty()):
             self._flush()
+        if sent is not None:
+            reply, answer = sent
+            child = self._child
+            if child is None:
+                # Restarting: the next child is given every lock as it comes up.
+                reply.set(answer)
+            else:
+                child.writer.then(lambda: reply.set(answer))
 
     def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []

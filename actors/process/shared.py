@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 from actors.jobs import Validity
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
     from multiprocessing.connection import Connection
 
 __all__ = ["SLOTS", "Cells", "SharedValidity", "Tick", "Writer", "map_cells"]
@@ -186,7 +186,9 @@ class Writer:
 
     def __init__(self, conn: Connection, name: str) -> None:
         self._conn = conn
-        self._words: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._words: queue.SimpleQueue[tuple[Any, ...] | Callable[[], object] | None] = (
+            queue.SimpleQueue()
+        )
         self._thread = threading.Thread(target=self._write, name=name, daemon=True)
         self._thread.start()
 
@@ -195,6 +197,13 @@ class Writer:
         for word in words:
             self._words.put(word)
 
+    def then(self, sent: Callable[[], object]) -> None:
+        """Call ``sent`` on this thread once every word put before it is in the socket.
+
+        Called as well if the other side is gone, since nothing will be sent any more.
+        """
+        self._words.put(sent)
+
     def close(self, timeout: float) -> None:
         """Send what is queued, then end (waiting at most ``timeout`` seconds)."""
         self._words.put(None)
@@ -202,23 +211,29 @@ class Writer:
             self._thread.join(timeout)
 
     def _write(self) -> None:
+        gone = False
         while True:
             word = self._words.get()
-            batch = [] if word is None else [word]
+            batch: list[tuple[Any, ...]] = []
+            after: list[Callable[[], object]] = []
             end = word is None
-            while not end:
+            while word is not None:
+                if callable(word):
+                    after.append(word)
+                else:
+                    batch.append(word)
                 try:
-                    more = self._words.get_nowait()
+                    word = self._words.get_nowait()
                 except queue.Empty:
                     break
-                if more is None:
-                    end = True
-                else:
-                    batch.append(more)
-            if batch:
+                end = word is None
+            if batch and not gone:
                 try:
                     self._conn.send(batch)
                 except (OSError, ValueError):
-                    return  # the other side is gone
+                    gone = True  # the other side is gone: only the callbacks still run
+            for sent in after:
+                with contextlib.suppress(Exception):
+                    sent()
             if end:
                 return

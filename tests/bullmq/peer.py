@@ -4,8 +4,11 @@ Run by the tests as ``python peer.py URL QUEUE NAME OPTIONS_JSON``. Its
 processor and its ``stalled`` events leave their trace in Redis (lists beside
 the queue's keys), where the test reads them; it stops when the test sets its
 stop key. With ``"paused": true`` among its options it takes no job and only
-checks for stalled ones. A process of its own, as a real second worker is: a processor that
-blocks the first worker's loop (or holds its GIL) cannot slow this one down.
+checks for stalled ones. With ``"actor": "thread"`` or ``"process"`` its locks are renewed by
+``use_actor_lock_manager`` in that mode, and with ``"hold_s": S`` each run holds its job S
+seconds (a run is traced once the renewing side holds its lock). A process of its own, as a
+real second worker is: a processor that blocks the first worker's loop (or holds its GIL)
+cannot slow this one down.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from typing import Any
 import redis.asyncio
 from bullmq import Worker
 
+from actors import ExtendLocks
+from actors.bullmq import use_actor_lock_manager
+
 PREFIX = "bull"
 
 
@@ -31,15 +37,28 @@ async def main(url: str, queue: str, name: str, options: dict[str, Any]) -> None
     """Run one worker until the test sets ``bull:{queue}:peer-stop:{name}``."""
     client = redis.asyncio.Redis.from_url(url, decode_responses=True)
 
+    isolation = options.pop("actor", None)
+    hold_s = options.pop("hold_s", 0)
+    installed = None
+
     async def process(job: Any, token: str) -> str:
+        if installed is not None and installed.manager is not None:
+            # Answered once the renewing side ran a renewal: it holds the job's lock by then.
+            manager = installed.manager
+            await asyncio.get_running_loop().run_in_executor(
+                None, lambda: manager.ask(ExtendLocks(), timeout=30)
+            )
         # CLOCK_MONOTONIC is one clock for every process of the machine.
         await client.rpush(key(queue, "peer-runs"), f"{name}|{token}|{time.monotonic()}")
+        await asyncio.sleep(hold_s)
         return name
 
     paused = options.pop("paused", False)
     worker = Worker(
         queue, process, {"connection": url, "prefix": PREFIX, **options, "autorun": False}
     )
+    if isolation is not None:
+        installed = use_actor_lock_manager(worker, isolation=isolation)
     if paused:
         await worker.pause()
     running = asyncio.ensure_future(worker.run())

@@ -148,3 +148,47 @@ def test_the_same_match_in_a_process_pool_keeps_the_lock(
         lost=stats.lost,
         min_lock_margin_ms=stats.min_lock_margin_ms,
     )
+
+
+def test_in_process_mode_the_hold_keeps_the_lock_and_no_stalled_check_takes_it(
+    one_bench: Bench,
+) -> None:
+    # About four lock durations (twice as long as HOLD_S; at least two, checked):
+    # a stalled check every quarter lock would take the job long before the hold
+    # ends, were the lock let go.
+    size = size_for(HOLD_S) + 1
+    checker = one_bench.start_peer(
+        "B", {"lockDuration": LOCK_MS, "stalledInterval": LOCK_MS // 4, "paused": True}
+    )
+    seen: dict[str, Any] = {}
+
+    async def process(job: Any, token: str, signal: AbortSignal) -> str:
+        seen["match_ms"] = backtrack(size) * 1000
+        seen["aborted"] = signal.aborted
+        return "done"
+
+    # Given a worker whose locks a child process renews,
+    a = one_bench.start_worker(
+        "A", process, {"lockDuration": LOCK_MS}, actor=True, isolation="process"
+    )
+    # when its processor holds the GIL in C code for several lock durations,
+    one_bench.add_job()
+    wait_until(lambda: a.events.of("completed"), 8 * HOLD_S + SETTLE_S, "the job to complete")
+    stats = stats_of(one_bench, a)
+
+    # then the child renewed throughout: no loss, the run never aborted, and the
+    # stalled checker found the lock at every look.
+    assert seen["match_ms"] > 2 * LOCK_MS
+    assert seen["aborted"] is False
+    assert stats.lost == 0
+    assert checker.stalled_ids() == []
+    assert not a.events.of("failed")
+
+    OUTCOMES.add(
+        "GIL held in C code",
+        where="re.match in the processor, process mode",
+        match_ms=round(seen["match_ms"]),
+        max_tick_lateness_ms=round(stats.max_tick_lateness_ms),
+        lost=stats.lost,
+        min_lock_margin_ms=stats.min_lock_margin_ms,
+    )

@@ -126,6 +126,24 @@ def test_a_gil_hold_of_three_lock_durations_loses_the_lock_only_in_thread_mode(
         assert told == "unconfirmed"
 
 
+def test_a_track_that_waits_is_renewed_through_a_gil_hold_right_after(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    manager = _start(server)
+    try:
+        tokens = take_locks(redis_client, KEYS, ["at-once"], TTL)
+        # Tracked, and at once a C call holds the GIL for three lock durations:
+        # no thread of the worker runs until it ends.
+        # (Without wait=True the hold starts before the child hears of the lock: it expires.)
+        track_job(manager, "at-once", tokens["at-once"], wait=True, timeout=SOON_S)
+        _hold_gil(3 * TTL / 1000)
+        held = redis_client.get(KEYS.lock("at-once")) == tokens["at-once"].encode()
+    finally:
+        stop(manager)
+    # Waited for: the child had the lock before the hold, and renewed it throughout.
+    assert held
+
+
 def test_a_lease_reads_its_deadline_from_the_childs_confirmed_renewals(
     server: Server, redis_client: redis.Redis
 ) -> None:
