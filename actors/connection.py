@@ -310,6 +310,7 @@ def check_client(conn: object, keys: QueueKeys, timing: Timing, safety_margin: i
         limit,
         timing.lock_duration,
         fix,
+        extra={"queue": keys.name},
     )
 
 

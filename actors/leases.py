@@ -234,7 +234,12 @@ class Lease:
         ):
             self._lose(message)
         else:
-            logger.warning("lease of job %r ignored a %s", self.job_id, type(message).__name__)
+            logger.warning(
+                "lease of job %r ignored a %s",
+                self.job_id,
+                type(message).__name__,
+                extra={"queue": self._manager.queue_name, "job_id": self.job_id},
+            )
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the lock is lost or the lease is left, like ``threading.Event.wait``.

@@ -211,6 +211,7 @@ class Renewals(threading.Thread):
                     "without a socket timeout?); its thread is left behind",
                     self._queue_name,
                     STOP_RENEWAL_S,
+                    extra={"queue": self._queue_name},
                 )
 
     def run(self) -> None:
@@ -415,7 +416,14 @@ class LockManager(pykka.ThreadingActor):
         assert isinstance(mailbox, TicksFirst)
         self._mailbox: TicksFirst = mailbox
         self._books = Books(timing.lock_duration, self.safety_margin, validity)
-        self._reporter = Reporter(keys, timing, on_lock_renewal_failed, on_locks_renewed, on_error)
+        self._reporter = Reporter(
+            keys,
+            timing,
+            on_lock_renewal_failed,
+            on_locks_renewed,
+            on_error,
+            tracked=self._books.jobs.__len__,
+        )
         #: The thread user code runs on.
         self.delivery = self._reporter.thread
         self._alarm = Alarm(keys.name, self.clock, timing.interval)
@@ -487,6 +495,7 @@ class LockManager(pykka.ThreadingActor):
         self._books.let_go(report)
         asks = self._refuse_the_rest(report)
         self._reporter.send(report)
+        self._reporter.meters.close()
         self.delivery.end()
         error = ManagerStopped(f"LockManager for queue {self.queue_name!r} is stopped")
         for reply in asks:
@@ -547,6 +556,7 @@ class LockManager(pykka.ThreadingActor):
                     "LockManager for queue %r ignored an unknown %s message",
                     self.queue_name,
                     type(message).__name__,
+                    extra={"queue": self.queue_name},
                 )
                 return None
             return handler(self, message)
@@ -557,6 +567,7 @@ class LockManager(pykka.ThreadingActor):
                 self.queue_name,
                 type(message).__name__,
                 exc_info=True,
+                extra={"queue": self.queue_name},
             )
             with contextlib.suppress(BaseException):
                 self._arm()  # whatever failed, the next tick still comes
@@ -674,6 +685,7 @@ class LockManager(pykka.ThreadingActor):
                 self.queue_name,
                 job_id,
                 "" if job_id in self._books.jobs else ", and its lock is deleted if still held",
+                extra={"queue": self.queue_name, "job_id": job_id},
             )
         return orphans
 
@@ -687,6 +699,7 @@ class LockManager(pykka.ThreadingActor):
                 self.queue_name,
                 type(landed.released).__name__,
                 landed.released,
+                extra={"queue": self.queue_name},
             )
         report = flight.report
         self._books.apply(
@@ -714,7 +727,7 @@ class LockManager(pykka.ThreadingActor):
         counters = self._reporter.counters
         if jobs:
             calls = -(-jobs // self._max_batch)
-            counters.batch(jobs, calls, landed.elapsed_ms)
+            self._reporter.batch(jobs, calls, landed.elapsed_ms)
         margin = self._timing.lock_duration - (landed.answered - flight.oldest)
         self._reporter.renewal(report, landed.answered, margin if jobs else None)
         if report.error is None:
@@ -813,5 +826,9 @@ def _close_quietly(queue_name: str, what: str, part: object, method: str = "clos
     except BaseException:
         # Left to pykka, a BaseException here would stop every actor.
         logger.warning(
-            "LockManager for queue %r: closing its %s failed", queue_name, what, exc_info=True
+            "LockManager for queue %r: closing its %s failed",
+            queue_name,
+            what,
+            exc_info=True,
+            extra={"queue": queue_name},
         )

@@ -368,6 +368,7 @@ class ManagerRef(pykka.ActorRef[Any]):
             "start a new manager",
             self.queue_name,
             what,
+            extra={"queue": self.queue_name},
         )
 
     def _put(self, message: Any, reply: pykka.Future[Any] | None) -> None:

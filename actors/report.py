@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pykka
 
 from actors.messages import EXPIRED
+from actors.telemetry import Meters
 from actors.timing import resolution_ms
 
 if TYPE_CHECKING:
@@ -202,8 +203,11 @@ class Reporter:
         on_failed: Callable[[list[LostLock]], object] | None,
         on_renewed: Callable[[list[str]], object] | None,
         on_error: Callable[[Exception], object] | None,
+        tracked: Callable[[], int] = lambda: 0,
     ) -> None:
         self.counters = Counters()
+        #: The metric instruments' recorder; ``tracked`` tells the gauge the locks tracked.
+        self.meters = Meters(keys.name, tracked)
         self._keys = keys
         self._timing = timing
         self._on_failed = on_failed
@@ -224,6 +228,7 @@ class Reporter:
     def late(self, late_ms: int) -> None:
         """Record how late a timer tick ran; warn when over a quarter of the renew window."""
         counters = self.counters
+        self.meters.late(late_ms)
         counters.lateness_ms = float(late_ms)
         counters.max_lateness_ms = max(counters.max_lateness_ms, float(late_ms))
         if late_ms <= self._timing.renew_time / 4:
@@ -243,6 +248,7 @@ class Reporter:
                 late_ms,
                 self._timing.renew_time,
                 resolution,
+                extra={"queue": self._keys.name, "late_ms": late_ms},
             )
             return
         logger.warning(
@@ -252,7 +258,13 @@ class Reporter:
             self._keys.name,
             late_ms,
             self._timing.renew_time,
+            extra={"queue": self._keys.name, "late_ms": late_ms},
         )
+
+    def batch(self, jobs: int, calls: int, elapsed_ms: float) -> None:
+        """Count one renewing tick: the jobs it sent, in how many calls, how long it took."""
+        self.counters.batch(jobs, calls, elapsed_ms)
+        self.meters.tick(elapsed_ms)
 
     def renewal(
         self, report: Report, now: int, margin_ms: int | None, renewed: int | None = None
@@ -263,20 +275,24 @@ class Reporter:
         if count:
             counters.last_renewal = now
             counters.renewed += count
+            self.meters.renewed(count)
             if margin_ms is not None:
                 counters.margin(float(margin_ms))
+                self.meters.margin(float(margin_ms))
         if report.error is None:
             if counters.failed_streak:
                 logger.warning(
                     "LockManager for queue %r: renewals resumed after %d failed tick(s)",
                     self._keys.name,
                     counters.failed_streak,
+                    extra={"queue": self._keys.name},
                 )
             counters.failed_streak = 0
             counters.last_error = ""
             return
         exc = report.error
         counters.errors += 1
+        self.meters.failed_tick()
         counters.failed_streak += 1
         counters.last_error = f"{type(exc).__name__}: {exc}"
         # A traceback only on the first failure of a streak (a long outage).
@@ -287,6 +303,7 @@ class Reporter:
             type(exc).__name__,
             exc,
             exc_info=exc if counters.failed_streak == 1 else None,
+            extra={"queue": self._keys.name, "jobs": report.unknown},
         )
 
     def send(self, report: Report, replies: Sequence[pykka.Future[Any]] = ()) -> None:
@@ -305,19 +322,36 @@ class Reporter:
         if not lost:
             return
         self.counters.lost += len(lost)
+        self.meters.lost(item.reason for item in lost)
         name = self._keys.name
-        logger.warning(
-            "LockManager for queue %r: lost the lock of %d job(s): %s%s",
-            name,
-            len(lost),
-            ", ".join(
-                f"{item} ({item.reason}: {item.detail})"
-                if item.detail
-                else f"{item} ({item.reason})"
-                for item in lost[:_SHOWN]
-            ),
-            " ..." if len(lost) > _SHOWN else "",
-        )
+        # One record per job (its fields filter by job and reason), the first _SHOWN of a tick.
+        for item in lost[:_SHOWN]:
+            logger.warning(
+                "LockManager for queue %r: lost the lock of job %r (%s%s)",
+                name,
+                item.job_id,
+                item.reason,
+                f": {item.detail}" if item.detail else "",
+                extra={
+                    "queue": name,
+                    "job_id": item.job_id,
+                    "reason": item.reason,
+                    "detail": item.detail,
+                },
+            )
+        if len(lost) > _SHOWN:
+            rest = lost[_SHOWN:]
+            logger.warning(
+                "LockManager for queue %r: lost the locks of %d more job(s) at this tick: %s",
+                name,
+                len(rest),
+                ", ".join(sorted({item.reason for item in rest})),
+                extra={
+                    "queue": name,
+                    "count": len(rest),
+                    "reasons": sorted({item.reason for item in rest}),
+                },
+            )
         expired = next((item for item in lost if item.reason == EXPIRED), None)
         if expired is not None and not self._hinted:
             self._hinted = True
@@ -330,6 +364,7 @@ class Reporter:
                 self._keys.key_prefix + expired.job_id + ":lock",
                 self._timing.lock_duration,
                 self._keys.prefix,
+                extra={"queue": name, "job_id": expired.job_id, "reason": expired.reason},
             )
 
     # -- on the delivery thread ---------------------------------------------------
@@ -354,6 +389,7 @@ class Reporter:
                     type(target).__name__,
                     message.job_id,
                     exc_info=True,
+                    extra={"queue": self._keys.name, "job_id": message.job_id},
                 )
 
     def _call(self, callback: Callable[[Any], object] | None, arg: Any, name: str) -> None:
@@ -363,4 +399,9 @@ class Reporter:
             callback(arg)
         except BaseException:
             # SystemExit too: it would end the delivery of every later report.
-            logger.exception("LockManager for queue %r: %s raised", self._keys.name, name)
+            logger.exception(
+                "LockManager for queue %r: %s raised",
+                self._keys.name,
+                name,
+                extra={"queue": self._keys.name},
+            )

@@ -262,6 +262,7 @@ def classify_failed(
             len(reported),
             type(exc).__name__,
             exc,
+            extra={"queue": keys.name, "jobs": len(reported)},
         )
         values = [exc] * len(reported)
     value_of = dict(zip(reported, values, strict=True))
@@ -294,6 +295,7 @@ def classify_failed(
             "retrying them next tick",
             keys.name,
             len(held),
+            extra={"queue": keys.name, "jobs": len(held)},
         )
     return BatchOutcome(lost, [*outcome.errors, *held], reasons)
 
@@ -542,7 +544,11 @@ class RedisRenewer:
                 self.connection.script_load(script_source())
         except redis.RedisError as exc:
             self._told_unreachable = True
-            logger.warning("%s", unreachable_message(self.connection, self.keys.name, exc))
+            logger.warning(
+                "%s",
+                unreachable_message(self.connection, self.keys.name, exc),
+                extra={"queue": self.keys.name},
+            )
 
     def _unreachable(self, exc: BaseException) -> None:
         # Idle connections may be sockets a partition left dead: the retry
@@ -554,7 +560,11 @@ class RedisRenewer:
         # what to check. The tick's own error line follows, every streak.
         if not self._told_unreachable:
             self._told_unreachable = True
-            logger.error("%s", unreachable_message(self.connection, self.keys.name, exc))
+            logger.error(
+                "%s",
+                unreachable_message(self.connection, self.keys.name, exc),
+                extra={"queue": self.keys.name},
+            )
 
     def close(self) -> None:
         """Close the client if the renewer built it from a URL."""

@@ -177,7 +177,12 @@ class Alarm:
         try:
             return self.clock()
         except BaseException:
-            logger.warning("LockManager for queue %r: the clock raised", self.name, exc_info=True)
+            logger.warning(
+                "LockManager for queue %r: the clock raised",
+                self.name,
+                exc_info=True,
+                extra={"queue": self.name},
+            )
             return fallback
 
     def take(self, scheduled: int | None) -> tuple[Fire, int, int, int] | None:
@@ -200,7 +205,10 @@ class Alarm:
             # The clock is the user's code: its failure must not end the ticks.
             # The timer's own fire comes once due, so its time stands in.
             logger.warning(
-                "LockManager for queue %r: the clock raised; ticking on", self.name, exc_info=True
+                "LockManager for queue %r: the clock raised; ticking on",
+                self.name,
+                exc_info=True,
+                extra={"queue": self.name},
             )
             if not own:
                 return None

@@ -277,6 +277,7 @@ def hook_worker(worker: Any, owner: Owner) -> None:
             "queue %r: bullmq's fetch cannot run off the loop here; a job fetched beside a "
             "processor that blocks the loop is tracked only when its processor starts",
             worker.name,
+            extra={"queue": worker.name},
         )
     else:
         owner.fetcher = fetcher

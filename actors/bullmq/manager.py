@@ -410,6 +410,7 @@ class ActorLockManager:
                 self._keys.name,
                 job_id,
                 exc_info=True,
+                extra={"queue": self._keys.name, "job_id": job_id},
             )
             return True
 

@@ -256,7 +256,12 @@ class Runs:
             self._worker.emit(event, *args)
         except Exception as error:
             if event == "error":
-                logger.warning("an 'error' listener of queue %r raised", self._name, exc_info=True)
+                logger.warning(
+                    "an 'error' listener of queue %r raised",
+                    self._name,
+                    exc_info=True,
+                    extra={"queue": self._name},
+                )
             else:
                 self.emit("error", error)
 

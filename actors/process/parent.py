@@ -337,6 +337,7 @@ class ProcessLockManager(LockManager, isolation="process"):
                 logger.warning(
                     "LockManager for queue %r: the child process did not stop; killed",
                     self.queue_name,
+                    extra={"queue": self.queue_name},
                 )
             end(child.process)
             child.conn.close()
@@ -377,7 +378,7 @@ class ProcessLockManager(LockManager, isolation="process"):
                         f"LockManager for queue {self.queue_name!r}: its child process said "
                         f"nothing for {silence_s:g} s (hung?); killed, to start another"
                     )
-                    logger.warning("%s", why)
+                    logger.warning("%s", why, extra={"queue": self.queue_name})
                     end(child.process)
                     self._said(ChildSaid("hung", why))
                     hung = True
@@ -394,7 +395,11 @@ class ProcessLockManager(LockManager, isolation="process"):
                 child = started
                 continue
             except Exception:
-                logger.warning("LockManager: an unreadable word from the child", exc_info=True)
+                logger.warning(
+                    "LockManager: an unreadable word from the child",
+                    exc_info=True,
+                    extra={"queue": self.queue_name},
+                )
                 continue
             for word in words:
                 if word[0] == "log":
@@ -410,6 +415,7 @@ class ProcessLockManager(LockManager, isolation="process"):
             "LockManager for queue %r: its child process ended (exit code %s); starting another",
             self.queue_name,
             child.process.returncode,
+            extra={"queue": self.queue_name},
         )
         now = time.monotonic()
         restarts[:] = [t for t in restarts if now - t < RESTART_WINDOW_S]
@@ -420,7 +426,7 @@ class ProcessLockManager(LockManager, isolation="process"):
                 f"{len(restarts)} times within {RESTART_WINDOW_S:g} s; the manager stops "
                 "and renews nothing more"
             )
-            logger.error("%s", why)
+            logger.error("%s", why, extra={"queue": self.queue_name})
             self._said(ChildSaid("failed", why))
             return None
         try:
@@ -432,7 +438,7 @@ class ProcessLockManager(LockManager, isolation="process"):
                 f"LockManager for queue {self.queue_name!r}: its child process could not be "
                 "started again; the manager stops and renews nothing more"
             )
-            logger.exception("%s", why)
+            logger.exception("%s", why, extra={"queue": self.queue_name})
             self._said(ChildSaid("failed", why))
             return None
         self._spawned = started
@@ -575,7 +581,7 @@ class ProcessLockManager(LockManager, isolation="process"):
             report.renewed = renewed
         report.error, report.unknown = tick.error, tick.unknown
         if tick.jobs:
-            counters.batch(tick.jobs, tick.calls, tick.elapsed_ms)
+            self._reporter.batch(tick.jobs, tick.calls, tick.elapsed_ms)
         margin = (
             None
             if tick.oldest is None

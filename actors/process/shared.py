@@ -141,6 +141,7 @@ class Cells:
                     "follow the child's words alone (a long GIL hold can then end them early)",
                     self._queue,
                     self.slots,
+                    extra={"queue": self._queue},
                 )
             return Validity(confirmed, span)
         slot = self._free.pop()

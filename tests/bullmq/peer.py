@@ -23,7 +23,7 @@ import redis.asyncio
 from bullmq import Worker
 
 from actors import ExtendLocks
-from actors.bullmq import use_actor_lock_manager
+from actors.bullmq import ActorLockManager, use_actor_lock_manager
 
 PREFIX = "bull"
 
@@ -39,7 +39,7 @@ async def main(url: str, queue: str, name: str, options: dict[str, Any]) -> None
 
     isolation = options.pop("actor", None)
     hold_s = options.pop("hold_s", 0)
-    installed = None
+    installed: ActorLockManager | None = None
 
     async def process(job: Any, token: str) -> str:
         if installed is not None and installed.manager is not None:

@@ -12,9 +12,8 @@ import logging
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
@@ -27,7 +26,6 @@ from redis.retry import Retry
 
 from actors import (
     GetStats,
-    ManagerRef,
     QueueKeys,
     Stats,
     Timing,
@@ -36,72 +34,31 @@ from actors import (
     telemetry,
     track_job,
 )
-from actors.embedded import EmbeddedServer, free_port
+from actors.embedded import EmbeddedServer
+from tests.integration.conftest import (
+    LOCK_DURATION,
+    THRESHOLD,
+    dead_client,
+    hold,
+    on_a_dead_server,
+    queue_keys,
+)
 from tests.support import (
     ManualClock,
     ManualTimers,
-    manual_timer,
     new_token,
     settle,
-    take_locks,
     tick,
     wait_for,
 )
+from tests.support.metering import metric_points, sdk_metering
 from tests.support.tracing import sdk_tracer_provider
 
 if TYPE_CHECKING:
     from tests.conftest import Server, StartManager
 
-LOCK_DURATION = 30000
-#: Age after which a job is due, in ms: lock_renew_time // 2 with the default renew time.
-THRESHOLD = Timing(LOCK_DURATION).threshold
 #: Long enough for anything these tests wait for, in seconds.
 WAIT_S = 20.0
-
-
-def queue_keys() -> QueueKeys:
-    # A queue of its own per test, so spans and records of other managers in
-    # the run never match.
-    return QueueKeys(f"obs-{uuid.uuid4().hex[:8]}")
-
-
-def hold(client: redis.Redis, keys: QueueKeys, job_id: str, ttl_ms: int = 20000) -> str:
-    return take_locks(client, keys, [job_id], ttl_ms)[job_id]
-
-
-def dead_client() -> redis.Redis:
-    """A client of a port nobody listens on: every command fails at once."""
-    return redis.Redis(
-        port=free_port(),
-        socket_timeout=0.5,
-        socket_connect_timeout=0.5,
-        retry=Retry(NoBackoff(), 0),
-    )
-
-
-@pytest.fixture
-def timers() -> ManualTimers:
-    """The timers of the managers ``start_manual`` starts: they never fire."""
-    return manual_timer()
-
-
-@pytest.fixture
-def start_manual(timers: ManualTimers, start_manager: StartManager) -> StartManager:
-    """Start managers on a test-driven clock whose ticks the test sends."""
-
-    def start(
-        connection: redis.Redis | str, keys: QueueKeys, clock: ManualClock, **options: Any
-    ) -> ManagerRef:
-        return start_manager(
-            connection=connection,
-            keys=keys,
-            lock_duration=LOCK_DURATION,
-            clock=clock,
-            timer=timers,
-            **options,
-        )
-
-    return start
 
 
 # -- stats -----------------------------------------------------------------
@@ -168,6 +125,7 @@ def test_timer_ticks_count_their_lateness_and_keep_to_the_grid(
     redis_client: redis.Redis, start_manual: StartManager, timers: ManualTimers
 ) -> None:
     # Given a tracked job and a manager whose timer is armed for its first tick
+    metering = sdk_metering()
     keys, clock = queue_keys(), ManualClock()
     manager = start_manual(redis_client, keys, clock)
     track_job(manager, "j1", hold(redis_client, keys, "j1"))
@@ -189,6 +147,9 @@ def test_timer_ticks_count_their_lateness_and_keep_to_the_grid(
     assert (late.tick_lateness_ms, late.max_tick_lateness_ms, late.renewed) == (250.0, 250.0, 0)
     assert (stats.tick_lateness_ms, stats.max_tick_lateness_ms, stats.renewed) == (0.0, 250.0, 1)
     assert stats.min_lock_margin_ms == Timing(LOCK_DURATION).headroom
+    # ...and the lateness histogram has both ticks, in seconds
+    (late_point,) = metric_points(metering, telemetry.METRIC_TICK_LATENESS, keys.name)
+    assert (late_point.count, late_point.sum, late_point.max) == (2, 0.25, 0.25)
 
 
 def test_failed_ticks_count_errors_and_keep_every_job(start_manual: StartManager) -> None:
@@ -431,11 +392,7 @@ def test_a_failed_tick_span_carries_the_error(
     start_manual: StartManager, exporter: InMemorySpanExporter
 ) -> None:
     # Given a tracked job on a server nobody listens on
-    keys, clock = queue_keys(), ManualClock()
-    manager = start_manual(dead_client(), keys, clock)
-    track_job(manager, "j1", new_token())
-    settle(manager)
-    clock.advance(THRESHOLD + 1)
+    keys, manager = on_a_dead_server(start_manual, "j1")
 
     # When a tick fails
     tick(manager)

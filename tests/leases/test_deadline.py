@@ -276,7 +276,7 @@ def test_the_loss_warning_logs_what_was_observed(
         while actors.get_tracked_job_ids(manager):
             _grid_tick(manager, clock, timers)
     [line] = [r.getMessage() for r in caplog.records if "lost the lock" in r.getMessage()]
-    assert "j (unconfirmed: no renewal confirmed for" in line
+    assert "job 'j' (unconfirmed: no renewal confirmed for" in line
     assert "tick(s) failed since, the last with ConnectionError" in line
 
 
