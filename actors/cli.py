@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import os
 import signal
@@ -15,7 +16,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TextIO
 
 import redis
@@ -60,6 +61,8 @@ DEFAULT_WATCH_SECONDS = 2.0
 CONNECT_TIMEOUT_SECONDS = 5.0
 #: Keys asked per SCAN call, and locks read per round trip.
 SCAN_COUNT = 1000
+#: Most lockless active jobs the table names (``--json`` lists them all).
+_SHOWN_LOCKLESS = 50
 #: The server ``--url`` names when neither it nor ``REDIS_URL`` is given.
 DEFAULT_URL = "redis://localhost:6379/0"
 #: Prefixes looked under when a queue has no lock under the one given.
@@ -91,6 +94,19 @@ refresh first saw the lock renewed (its expiry moved later, same token).
 LOWEST TTL: the least time the lock can have had left since the watch began;
 a renewal between two refreshes counts as if it came just before the second,
 so refresh faster than the locks are renewed for a close figure.
+
+It also lists the active jobs that hold no lock: the queue's active list
+names them but their lock is gone (expired, or deleted), so the next stalled
+checks take them (one that is in the stalled set already is moved at the next
+check; another is put in the set by the next check and moved by the one after).
+A lock listing alone cannot show them: an expired lock is simply gone.
+
+--json prints one JSON document instead of the table (one per line with
+--watch): {"queue", "prefix", "locks": [{"job_id", "token", "ttl_ms",
+"stalled", "wrong_type"}], "stalled_set_size", "lockless": [{"job_id",
+"in_stalled_set"}], "at"}. A ttl_ms of -1 is a lock with no TTL; wrong_type
+names the Redis type of a lock key no worker wrote. A refresh that failed
+prints {"error", "at"}.
 """
 _EXPLAIN_DESCRIPTION = """\
 Print the renewal windows of a lock configuration as a lock manager computes
@@ -182,6 +198,86 @@ def _read_page(
                 LockInfo(job_id, _text(token), int(ttl), bool(stalled), read_at, wrong_type)
             )
     return locks
+
+
+@dataclass(frozen=True, slots=True)
+class Lockless:
+    """An active job whose lock is gone: what the next stalled checks take."""
+
+    #: The job's id.
+    job_id: str
+    #: Whether it is in the stalled set already (then the next check moves it).
+    in_stalled_set: bool
+
+
+def read_lockless(conn: redis.Redis, keys: QueueKeys) -> list[Lockless]:
+    """Read the queue's active list and return its jobs that hold no lock, in list order.
+
+    The list is read in pages of :data:`SCAN_COUNT`, each with one pipelined
+    round trip of ``EXISTS`` and ``SISMEMBER``: no reply grows with the queue.
+
+    Raises:
+        redis.exceptions.RedisError: The server or the connection failed.
+    """
+    active = keys.key_prefix + "active"
+    found: list[Lockless] = []
+    start = 0
+    while True:
+        ids = [_text(job_id) for job_id in conn.lrange(active, start, start + SCAN_COUNT - 1)]
+        if not ids:
+            return found
+        pipe: Any = conn.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.exists(keys.lock(job_id)).sismember(keys.stalled, job_id)
+        replies = pipe.execute()
+        for i, job_id in enumerate(ids):
+            if not replies[2 * i]:
+                found.append(Lockless(job_id, bool(replies[2 * i + 1])))
+        start += len(ids)
+
+
+def as_json(
+    keys: QueueKeys, locks: Sequence[LockInfo], stalled_total: int, lockless: Sequence[Lockless]
+) -> str:
+    """Return the document ``locks --json`` prints, on one line."""
+    return json.dumps(
+        {
+            "queue": keys.name,
+            "prefix": keys.prefix,
+            "locks": [
+                {
+                    "job_id": lock.job_id,
+                    "token": lock.token,
+                    "ttl_ms": lock.ttl_ms,
+                    "stalled": lock.stalled,
+                    "wrong_type": lock.wrong_type,
+                }
+                for lock in locks
+            ],
+            "stalled_set_size": stalled_total,
+            "lockless": [
+                {"job_id": job.job_id, "in_stalled_set": job.in_stalled_set} for job in lockless
+            ],
+            "at": _now(),
+        }
+    )
+
+
+def render_lockless(lockless: Sequence[Lockless]) -> str:
+    """Return the lines the table adds for active jobs that hold no lock (``""``: none)."""
+    if not lockless:
+        return ""
+    shown = ", ".join(
+        f"{job.job_id} (in the stalled set: moved at the next check)"
+        if job.in_stalled_set
+        else job.job_id
+        for job in lockless[:_SHOWN_LOCKLESS]
+    )
+    more = f" and {len(lockless) - _SHOWN_LOCKLESS} more" if len(lockless) > _SHOWN_LOCKLESS else ""
+    return (
+        f"\n{len(lockless)} active job(s) hold no lock; the next stalled checks take them: "
+        f"{shown}{more}\n"
+    )
 
 
 def _text(reply: bytes | str) -> str:
@@ -431,6 +527,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=every,
     )
+    add("--json", action="store_true", help="print JSON (one document per line with --watch)")
     explain_parser = commands.add_parser(
         "explain",
         help="print the renewal windows of a lock configuration",
@@ -449,43 +546,70 @@ def _ends_the_watch(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+class _Refresh:
+    """One run's reads: each refresh's frame, and the prefix hint looked for once."""
+
+    def __init__(self, args: argparse.Namespace, keys: QueueKeys, conn: redis.Redis) -> None:
+        self._args, self._keys, self._conn = args, keys, conn
+        self._watch = Watch() if args.watch is not None else None
+        self._hint: str | None = None
+
+    def frame(self) -> tuple[str, str | None]:
+        """Read once; return what to print and, if the read failed, the problem."""
+        keys, conn, as_json_lines = self._keys, self._conn, self._args.json
+        try:
+            locks, stalled_total = read_locks(conn, keys)
+            lockless = read_lockless(conn, keys)
+            if not locks and not lockless and self._hint is None and not as_json_lines:
+                # One look per run: a wrong prefix does not fix itself.
+                self._hint = other_prefix_hint(conn, keys) or ""
+        except (redis.RedisError, OSError) as exc:
+            problem = f"cannot read the locks of {keys.base!r} on {redacted_url(self._args.url)}: "
+            problem += " ".join(f"{type(exc).__name__}: {exc}".split())
+            if as_json_lines:
+                return json.dumps({"error": problem, "at": _now()}) + "\n", problem
+            return f"{problem} (retrying)\n", problem
+        if as_json_lines:
+            return as_json(keys, locks, stalled_total, lockless) + "\n", None
+        watched = None if self._watch is None else self._watch.update(locks)
+        frame = render_locks(keys, locks, stalled_total, watched=watched)
+        frame += render_lockless(lockless)
+        if not locks and not lockless and self._hint:
+            frame += f"{self._hint}\n"
+        return frame, None
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
 def _run_locks(args: argparse.Namespace, prog: str, out: TextIO, err: TextIO) -> int:
     try:
         keys = QueueKeys(args.queue, prefix=args.prefix)
     except ValueError as exc:
         args.command_parser.error(str(exc))
-    every, hint = args.watch, None
+    every = args.watch
     if every is not None and threading.current_thread() is threading.main_thread():
         # Ctrl-C or SIGTERM ends a watch, even where SIGINT is ignored (nohup, CI).
         signal.signal(signal.SIGINT, _ends_the_watch)
         signal.signal(signal.SIGTERM, _ends_the_watch)
-    watch, clear = Watch(), (_CLEAR if out.isatty() else "\n")
+    clear = _CLEAR if out.isatty() else "\n"
     conn = client_for_url(args.url, timeout=CONNECT_TIMEOUT_SECONDS)
+    refresh = _Refresh(args, keys, conn)
     deadline, frames = monotonic_ms(), 0
     try:
         while True:
-            try:
-                locks, stalled_total = read_locks(conn, keys)
-                if not locks and hint is None:
-                    # One look per run: a wrong prefix does not fix itself.
-                    hint = other_prefix_hint(conn, keys) or ""
-            except (redis.RedisError, OSError) as exc:
-                problem = f"cannot read the locks of {keys.base!r} on {redacted_url(args.url)}: "
-                problem += " ".join(f"{type(exc).__name__}: {exc}".split())
-                if frames == 0:  # A typo in the URL should fail at once, not loop.
-                    err.write(f"{prog}: error: {problem}\n")
-                    return EXIT_ERROR
-                frame = f"{problem} (retrying)\n"
-            else:
-                watched = None if every is None else watch.update(locks)
-                frame = render_locks(keys, locks, stalled_total, watched=watched)
-                if not locks and hint:
-                    frame += f"{hint}\n"
+            frame, problem = refresh.frame()
+            if problem is not None and frames == 0:  # A typo in the URL fails at once.
+                err.write(f"{prog}: error: {problem}\n")
+                return EXIT_ERROR
             if every is None:
                 out.write(frame)
                 return EXIT_OK
-            stamp = datetime.now().strftime("%H:%M:%S")
-            out.write(f"{clear}{stamp}  every {every:g} s, Ctrl-C to stop\n{frame}")
+            if not args.json:
+                stamp = datetime.now().strftime("%H:%M:%S")
+                frame = f"{clear}{stamp}  every {every:g} s, Ctrl-C to stop\n{frame}"
+            out.write(frame)
             out.flush()
             # A fixed grid, as the manager's: a slow read does not stretch the period.
             frames += 1

@@ -7,6 +7,7 @@ same code without paying for an interpreter start each time.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import queue
@@ -735,3 +736,89 @@ def test_module_help_names_the_subcommand_once() -> None:
     assert result.stdout.startswith("usage: python -m actors locks [-h]")
     assert "  python -m actors locks --url redis://" in result.stdout
     assert "locks locks" not in result.stdout
+
+
+# -- JSON, and the active jobs that hold no lock ------------------------------
+
+
+def test_json_lists_locks_and_the_active_jobs_the_next_stalled_checks_take(
+    server: Server, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keys = QueueKeys(f"lockless-{uuid.uuid4().hex[:6]}", prefix="bull")
+    # Given three active jobs: one holding its lock, one whose lock expired, and
+    # one whose lock is gone and that a stalled check already put in the set
+    token = hold(redis_client, keys, "held")
+    odd = "żółw-\U0001f422 " + "x" * 300
+    redis_client.rpush(keys.key_prefix + "active", "held", "expired", odd)
+    redis_client.sadd(keys.stalled, odd)
+
+    status = main(
+        ["locks", "--url", server.url, "--queue", keys.name, "--prefix", "bull", "--json"]
+    )
+    document = json.loads(capsys.readouterr().out)
+
+    assert status == 0
+    assert (document["queue"], document["prefix"]) == (keys.name, "bull")
+    assert [lock["job_id"] for lock in document["locks"]] == ["held"]
+    (lock,) = document["locks"]
+    assert lock["token"] == token
+    assert 0 < lock["ttl_ms"] <= 20000
+    assert (lock["stalled"], lock["wrong_type"]) == (False, None)
+    assert document["lockless"] == [
+        {"job_id": "expired", "in_stalled_set": False},
+        {"job_id": odd, "in_stalled_set": True},
+    ]
+    assert document["stalled_set_size"] == 1
+
+    # The table says the same in words.
+    main(["locks", "--url", server.url, "--queue", keys.name, "--prefix", "bull"])
+    text = capsys.readouterr().out
+    assert "2 active job(s) hold no lock; the next stalled checks take them: expired, " in text
+    assert f"{odd} (in the stalled set: moved at the next check)" in text
+
+
+def test_a_long_active_list_is_read_in_pages(
+    server: Server, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keys = QueueKeys(f"long-{uuid.uuid4().hex[:6]}")
+    ids = [str(i) for i in range(20_000)]
+    redis_client.rpush(keys.key_prefix + "active", *ids)
+    held = ids[::1000]
+    take_locks(redis_client, keys, held, 20000)
+
+    main(["locks", "--url", server.url, "--queue", keys.name, "--json"])
+    document = json.loads(capsys.readouterr().out)
+
+    assert len(document["locks"]) == len(held)
+    assert [job["job_id"] for job in document["lockless"]] == [i for i in ids if i not in held]
+    # The table names the first 50 and counts the rest.
+    main(["locks", "--url", server.url, "--queue", keys.name])
+    assert f"and {len(ids) - len(held) - 50} more" in capsys.readouterr().out
+
+
+def test_json_watch_prints_one_document_per_refresh(server: Server) -> None:
+    keys = QueueKeys(f"watch-{uuid.uuid4().hex[:6]}")
+    process = subprocess.Popen(
+        [*CLI, "locks", "--url", server.url, "--queue", keys.name, "--json", "--watch", "0.1"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        documents = [json.loads(process.stdout.readline()) for _ in range(3)]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+    assert process.returncode == 0
+    assert all(d["queue"] == keys.name and d["locks"] == [] for d in documents)
+
+
+def test_a_wrong_type_active_key_is_a_clear_error(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    keys = QueueKeys(f"wrong-{uuid.uuid4().hex[:6]}")
+    redis_client.set(keys.key_prefix + "active", "not a list")
+    result = run("locks", "--url", server.url, "--queue", keys.name, "--json")
+    assert result.returncode == 1
+    assert "WRONGTYPE" in result.stderr
+    assert "Traceback" not in result.stderr
