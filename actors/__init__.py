@@ -16,6 +16,7 @@ The shared script and what mirrors it keep BullMQ's word, "extend"
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 
 from actors.api import (
@@ -104,6 +105,9 @@ __all__ = [  # noqa: RUF022 (grouped by purpose, as pykka does)
     "__version__",
 ]
 
-__version__ = "0.2.0"
+try:  # pyproject.toml is the one place the version is written
+    __version__ = importlib.metadata.version("echomq-actors")
+except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a checkout, not installed
+    __version__ = "0+unknown"
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
