@@ -297,15 +297,22 @@ def test_a_running_nodejs_worker_keeps_jobs_we_fence_and_its_successor_fences_hi
     # when we take fences with its tokens until its lock manager renewed every lock twice
     taken: dict[str, list[int]] = {job.id: [] for job in theirs}
     renewals = dict.fromkeys(ids, 0)
-    last_ttl = {job_id: engine_client.pttl(keys.lock(job_id)) for job_id in ids}
+
+    def expiry(job_id: str) -> float:
+        # The expiry instant, not the TTL: a renewal moves it later however
+        # long this loop takes between two looks (a loaded machine).
+        return time.monotonic() + engine_client.pttl(keys.lock(job_id)) / 1000
+
+    last_expiry = {job_id: expiry(job_id) for job_id in ids}
 
     def fenced_through_renewals() -> bool:
         for job in theirs:
             taken[job.id].append(fence(engine_client, keys, job.id, job.token))
-            ttl = engine_client.pttl(keys.lock(job.id))
-            if ttl > last_ttl[job.id]:
+            expires = expiry(job.id)
+            # More than a round trip and PTTL's rounding later: renewed meanwhile.
+            if expires > last_expiry[job.id] + 0.05:
                 renewals[job.id] += 1
-            last_ttl[job.id] = ttl
+                last_expiry[job.id] = expires
         return min(renewals.values()) >= RENEWALS
 
     wait_for(
