@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck docs docs-check bench soak faults fuzz bullmq-compat clean
+.PHONY: demo test lint typecheck docs docs-check package bench soak faults fuzz bullmq-compat clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ docs: $(STAMP)
 ## docs-check: serve the built site, screenshot three pages in headless Chromium (apt-get install chromium)
 docs-check: docs
 	$(BIN)/python docs/_tools/site_check.py browse out/site out/docs-screenshots
+
+## package: build the sdist and the wheel, twine check them, install each extra and each documented line in a fresh venv
+package: $(STAMP)
+	$(BIN)/python -m tests.packaging.check_dist
 
 ## bench: the performance benchmark (prints the Performance guide's tables)
 bench: $(STAMP)

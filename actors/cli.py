@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import math
@@ -40,12 +41,14 @@ __all__ = [
     "EXIT_OK",
     "EXIT_USAGE",
     "LockInfo",
+    "QueueWorker",
     "Watch",
     "build_parser",
     "explain",
     "main",
     "other_prefix_hint",
     "read_locks",
+    "read_workers",
     "render_locks",
 ]
 
@@ -101,12 +104,17 @@ checks take them (one that is in the stalled set already is moved at the next
 check; another is put in the set by the next check and moved by the one after).
 A lock listing alone cannot show them: an expired lock is simply gone.
 
+Last, the BullMQ workers connected to the queue, by the names their
+connections carry (CLIENT LIST, as BullMQ's getWorkers reads it): the possible
+holders, since a lock's token names none of them.
+
 --json prints one JSON document instead of the table (one per line with
 --watch): {"queue", "prefix", "locks": [{"job_id", "token", "ttl_ms",
 "stalled", "wrong_type"}], "stalled_set_size", "lockless": [{"job_id",
-"in_stalled_set"}], "at"}. A ttl_ms of -1 is a lock with no TTL; wrong_type
-names the Redis type of a lock key no worker wrote. A refresh that failed
-prints {"error", "at"}.
+"in_stalled_set"}], "workers": [{"name", "addr", "age_s", "idle_s"}], "at"}.
+A ttl_ms of -1 is a lock with no TTL; wrong_type names the Redis type of a
+lock key no worker wrote; workers is null where the server refuses CLIENT
+LIST. A refresh that failed prints {"error", "at"}.
 """
 _EXPLAIN_DESCRIPTION = """\
 Print the renewal windows of a lock configuration as a lock manager computes
@@ -236,8 +244,88 @@ def read_lockless(conn: redis.Redis, keys: QueueKeys) -> list[Lockless]:
         start += len(ids)
 
 
+@dataclass(frozen=True, slots=True)
+class QueueWorker:
+    """A connection a BullMQ worker of the queue named, as ``Queue.getWorkers`` finds it."""
+
+    #: The worker's ``name`` option ("" for a worker without one).
+    name: str
+    #: The connection's address, as the server sees it.
+    addr: str
+    #: Seconds the connection has been open.
+    age_s: int
+    #: Seconds since its last command.
+    idle_s: int
+
+
+def _worker_client_names(keys: QueueKeys) -> tuple[str, str]:
+    """The client names BullMQ workers of a queue give their connections.
+
+    Node BullMQ spells the queue's name in base64, bullmq-py as it is; a named
+    worker adds ``:w:<name>``.
+    """
+    encoded = base64.b64encode(keys.name.encode("utf-8", "surrogatepass")).decode("ascii")
+    return f"{keys.prefix}:{encoded}", f"{keys.prefix}:{keys.name}"
+
+
+def read_workers(conn: redis.Redis, keys: QueueKeys) -> list[QueueWorker] | None:
+    """The BullMQ workers connected to the queue, by name, from ``CLIENT LIST``.
+
+    A lock's token does not say which worker holds it (BullMQ's is the
+    worker's id and a counter; the id is in no client name), so this is the
+    list of its possible holders. Each worker names one connection or more;
+    each is listed.
+
+    Returns:
+        The workers by name and age, or None where the server refuses
+        ``CLIENT LIST`` (an ACL, a managed service).
+
+    Raises:
+        redis.exceptions.RedisError: The connection failed.
+    """
+    try:
+        clients = conn.client_list()
+    except redis.ResponseError:
+        return None
+    found: list[QueueWorker] = []
+    for client in clients:
+        name = str(client.get("name", ""))
+        for base in _worker_client_names(keys):
+            if name == base or name.startswith(f"{base}:w:"):
+                found.append(
+                    QueueWorker(
+                        name=name[len(base) + 3 :],
+                        addr=str(client.get("addr", "")),
+                        age_s=int(client.get("age", 0)),
+                        idle_s=int(client.get("idle", 0)),
+                    )
+                )
+                break
+    found.sort(key=lambda worker: (worker.name, -worker.age_s, worker.addr))
+    return found
+
+
+def render_workers(workers: Sequence[QueueWorker] | None, *, held: bool) -> str:
+    """Return the line the table adds for the workers connected to the queue (``""``: none).
+
+    ``held``: the queue has locks or active jobs, whose holders the line is about.
+    """
+    if workers is None:
+        return "\nworkers: unknown (the server refuses CLIENT LIST)\n" if held else ""
+    if not workers:
+        return ""
+    names = sorted({worker.name or "(unnamed)" for worker in workers})
+    shown = ", ".join(names[:_SHOWN_LOCKLESS])
+    more = f" and {len(names) - _SHOWN_LOCKLESS} more" if len(names) > _SHOWN_LOCKLESS else ""
+    return f"\n{len(workers)} worker connection(s) on the queue, named: {shown}{more}\n"
+
+
 def as_json(
-    keys: QueueKeys, locks: Sequence[LockInfo], stalled_total: int, lockless: Sequence[Lockless]
+    keys: QueueKeys,
+    locks: Sequence[LockInfo],
+    stalled_total: int,
+    lockless: Sequence[Lockless],
+    workers: Sequence[QueueWorker] | None = (),
 ) -> str:
     """Return the document ``locks --json`` prints, on one line."""
     return json.dumps(
@@ -257,6 +345,12 @@ def as_json(
             "stalled_set_size": stalled_total,
             "lockless": [
                 {"job_id": job.job_id, "in_stalled_set": job.in_stalled_set} for job in lockless
+            ],
+            "workers": None
+            if workers is None
+            else [
+                {"name": w.name, "addr": w.addr, "age_s": w.age_s, "idle_s": w.idle_s}
+                for w in workers
             ],
             "at": _now(),
         }
@@ -560,6 +654,7 @@ class _Refresh:
         try:
             locks, stalled_total = read_locks(conn, keys)
             lockless = read_lockless(conn, keys)
+            workers = read_workers(conn, keys)
             if not locks and not lockless and self._hint is None and not as_json_lines:
                 # One look per run: a wrong prefix does not fix itself.
                 self._hint = other_prefix_hint(conn, keys) or ""
@@ -570,10 +665,11 @@ class _Refresh:
                 return json.dumps({"error": problem, "at": _now()}) + "\n", problem
             return f"{problem} (retrying)\n", problem
         if as_json_lines:
-            return as_json(keys, locks, stalled_total, lockless) + "\n", None
+            return as_json(keys, locks, stalled_total, lockless, workers) + "\n", None
         watched = None if self._watch is None else self._watch.update(locks)
         frame = render_locks(keys, locks, stalled_total, watched=watched)
         frame += render_lockless(lockless)
+        frame += render_workers(workers, held=bool(locks or lockless))
         if not locks and not lockless and self._hint:
             frame += f"{self._hint}\n"
         return frame, None

@@ -7,6 +7,8 @@ same code without paying for an interpreter start each time.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import logging
 import math
@@ -22,6 +24,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import bullmq
 import pytest
 import redis
 
@@ -58,7 +61,8 @@ def table(output: str) -> dict[str, list[str]]:
     """The rows of a ``locks`` table by job id (columns split on 2+ spaces)."""
     lines = output.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("JOB"))
-    rows = [re.split(r"\s{2,}", line.strip()) for line in lines[start + 1 :] if line.strip()]
+    body = itertools.takewhile(str.strip, lines[start + 1 :])  # up to the lines under the table
+    rows = [re.split(r"\s{2,}", line.strip()) for line in body]
     return {row[0]: row[1:] for row in rows}
 
 
@@ -822,3 +826,59 @@ def test_a_wrong_type_active_key_is_a_clear_error(
     assert result.returncode == 1
     assert "WRONGTYPE" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_listing_names_each_bullmq_worker_of_the_queue(
+    server: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keys = QueueKeys(f"named-{uuid.uuid4().hex[:6]}", prefix="bull")
+    names = ["alpha", "eu-west.2:w:x"]
+
+    async def listing() -> tuple[dict[str, object], str]:
+        # Given two named bullmq-py workers of the queue and one of another queue
+        workers = [
+            bullmq.Worker(queue, None, {"connection": server.url, "name": name, "autorun": False})
+            for queue, name in [(keys.name, names[0]), (keys.name, names[1]), ("else", "beta")]
+        ]
+        try:
+            for worker in workers:
+                await worker._ensure_client_names()  # what run() and each fetch do first
+            args = ["locks", "--url", server.url, "--queue", keys.name, "--prefix", "bull"]
+            await asyncio.to_thread(main, [*args, "--json"])
+            document = json.loads(capsys.readouterr().out)
+            await asyncio.to_thread(main, args)
+            return document, capsys.readouterr().out
+        finally:
+            for worker in workers:
+                await worker.close()
+
+    document, text = asyncio.run(listing())
+    listed = document["workers"]
+    assert isinstance(listed, list)
+    # (each worker names each of its connections)
+    assert {worker["name"] for worker in listed} == set(names)
+    assert f"{len(listed)} worker connection(s) on the queue, named: alpha, eu-west.2:w:x" in text
+
+
+def test_a_server_that_refuses_client_list_leaves_the_workers_unknown(
+    server: Server, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    user = f"cli-{uuid.uuid4().hex[:6]}"
+    redis_client.acl_setuser(
+        user, enabled=True, passwords=["+secret"], keys=["*"], commands=["+@all", "-client"]
+    )
+    url = server.url.replace("redis://", f"redis://{user}:secret@")
+    try:
+        keys = QueueKeys(f"acl-{uuid.uuid4().hex[:6]}")
+        hold(redis_client, keys, "1")
+        status = main(["locks", "--url", url, "--queue", keys.name, "--json"])
+        document = json.loads(capsys.readouterr().out)
+        main(["locks", "--url", url, "--queue", keys.name])
+        text = capsys.readouterr().out
+    finally:
+        redis_client.acl_deluser(user)
+    # The locks are listed all the same.
+    assert status == 0
+    assert [lock["job_id"] for lock in document["locks"]] == ["1"]
+    assert document["workers"] is None
+    assert "workers: unknown (the server refuses CLIENT LIST)" in text

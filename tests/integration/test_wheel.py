@@ -1,19 +1,32 @@
-"""The built wheel carries the Lua script and renews a lock from a fresh environment."""
+"""The built wheel carries the Lua script and renews a lock from a fresh environment.
+
+``make package`` (tests/packaging/check_dist.py) checks the sdist and the wheel
+further: each extra, and each install line of the docs, in a fresh environment.
+"""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import venv
-import zipfile
 from pathlib import Path
 
+import pytest
 import redis
 
 import actors
 from actors import QueueKeys
 from tests.conftest import Server
+from tests.packaging.check_dist import (
+    EXTRAS,
+    INSTALL_DOCS,
+    SKIPPED,
+    declared_version,
+    extras_named,
+    install_block,
+    install_lines,
+    wheel_problems,
+)
 from tests.support import new_token
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,12 +51,8 @@ def test_wheel_installs_and_renews_from_a_fresh_venv(
         capture_output=True,
     )
     (wheel,) = dist.glob("*.whl")
-    with zipfile.ZipFile(wheel) as archive:
-        names = set(archive.namelist())
-    assert {
-        f"actors/lua/{name}" for name in ("extendLocks-1.lua", "releaseLock-1.lua", "fence-2.lua")
-    } <= names
-    assert "actors/py.typed" in names
+    # every file of the package (Lua scripts, py.typed) and the metadata
+    assert wheel_problems(wheel, ROOT, declared_version()) == []
 
     env_dir = tmp_path / "env"
     venv.create(env_dir, with_pip=True)
@@ -72,6 +81,49 @@ def test_wheel_installs_and_renews_from_a_fresh_venv(
 
 def test_the_package_says_the_version_its_metadata_says() -> None:
     # pyproject.toml and actors.__version__ once named two different releases.
-    declared = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
-    assert declared is not None
-    assert actors.__version__ == declared.group(1)
+    assert actors.__version__ == declared_version()
+
+
+@pytest.mark.parametrize("doc", INSTALL_DOCS)
+def test_each_install_section_names_the_version(doc: str) -> None:
+    prose = (ROOT / doc).read_text(encoding="utf-8").split("## Install", 1)[1].split("```", 1)[0]
+    assert f"Version {declared_version()}" in prose
+
+
+@pytest.mark.parametrize("doc", INSTALL_DOCS)
+def test_each_install_line_is_one_that_make_package_runs(doc: str) -> None:
+    page = (ROOT / doc).read_text(encoding="utf-8")
+    lines = install_lines(page)
+    # each line is a whole command (make package runs each alone, in its own environment),
+    assert not any(line.rstrip().endswith("\\") for line in install_block(page))
+    assert len(lines) >= 3
+    assert all(line.startswith("pip install ") for line in lines)
+    assert lines[0] == "pip install ."
+    # and asks for extras the package has.
+    for line in lines:
+        assert extras_named(line) <= EXTRAS.keys() - SKIPPED.keys() - {""}
+
+
+def test_the_install_block_is_read_without_its_comments() -> None:
+    page = """# Title
+
+## Install
+
+Text.
+
+```sh
+pip install .   # the base
+
+# a note
+pip install '.[a,b]'  # two extras
+```
+
+## Next
+
+```sh
+not this
+```
+"""
+    assert install_lines(page) == ["pip install .", "pip install '.[a,b]'"]
+    assert extras_named("pip install '.[a,b]'") == {"a", "b"}
+    assert extras_named("pip install .") == frozenset()

@@ -1,0 +1,1 @@
+"""The release check behind ``make package``."""
