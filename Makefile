@@ -57,6 +57,10 @@ bullmq-compat: $(STAMP)
 faults: $(STAMP)
 	$(BIN)/python tests/faults/report.py
 
+## chaos: workers of three kinds under a seeded nemesis, history checked (CHAOS_SECONDS=600, CHAOS_SEED)
+chaos: $(STAMP)
+	CHAOS_SECONDS=$${CHAOS_SECONDS:-600} $(BIN)/python -m tests.chaos.run
+
 ## soak: the full load run (100,000 jobs, about 2 minutes)
 soak: $(STAMP)
 	$(BIN)/python -m pytest -m soak -s tests/soak

@@ -22,6 +22,7 @@ __all__ = [
     "RECENTLY_LOST",
     "Claim",
     "Deadlines",
+    "Due",
     "Ended",
     "Holders",
     "JobTable",
@@ -181,6 +182,17 @@ class Deadlines:
                 earliest = deadline
         self.earliest = earliest
         return overdue
+
+
+class Due(NamedTuple):
+    """A tick's due jobs, as :meth:`JobTable.due` picks them."""
+
+    #: The due ids, the locks not yet renewed first.
+    ids: list[str]
+    #: Their tokens, in the same order.
+    tokens: list[str]
+    #: The oldest of their stamps (monotonic ms), or ``None`` when none is due.
+    oldest: int | None
 
 
 class JobTable:
@@ -419,7 +431,7 @@ class JobTable:
         """Return the tracked ids, in tracking order."""
         return list(self.tokens)
 
-    def due(self, now: int, threshold: int) -> tuple[list[str], list[str]]:
+    def due(self, now: int, threshold: int) -> Due:
         """Return the due ids and their tokens, the locks not yet renewed first.
 
         A job is due when ``ts + threshold < now``; a job somebody waits on
@@ -427,10 +439,11 @@ class JobTable:
         ``ts < now``, so that a lost lock is found within one interval.
         """
         stamps, tokens = self.stamps, self.tokens
-        # One mask for both: the two dicts gain and lose keys together, in one order.
+        # One mask for all three: the two dicts gain and lose keys together, in one order.
         mask = due_mask(stamps, now, threshold)
         due = list(compress(stamps, mask))
         due_tokens = list(compress(tokens.values(), mask))
+        oldest = min(compress(stamps.values(), mask), default=None)
         if self.watches:
             cutoff = now - threshold
             watched = [
@@ -438,11 +451,14 @@ class JobTable:
                 for job_id, watch in self.watches.items()
                 if watch.targets and cutoff <= stamps[job_id] < now
             ]
-            due.extend(watched)
-            due_tokens.extend(map(tokens.__getitem__, watched))
+            if watched:
+                due.extend(watched)
+                due_tokens.extend(map(tokens.__getitem__, watched))
+                # Later than the cutoff: older than any plainly due stamp only when none is due.
+                oldest = min(map(stamps.__getitem__, watched)) if oldest is None else oldest
         if self.fresh and due:
-            return self._fresh_first(due, due_tokens, now, threshold)
-        return due, due_tokens
+            due, due_tokens = self._fresh_first(due, due_tokens, now, threshold)
+        return Due(due, due_tokens, oldest)
 
     def _fresh_first(
         self, due: list[str], due_tokens: list[str], now: int, threshold: int
@@ -470,10 +486,6 @@ class JobTable:
         fresh = self.fresh
         rest = [i for i, job_id in enumerate(due) if job_id not in fresh]
         return first + [due[i] for i in rest], first_tokens + [due_tokens[i] for i in rest]
-
-    def oldest(self, job_ids: list[str]) -> int:
-        """Return the oldest stamp among ``job_ids`` (not empty)."""
-        return min(map(self.stamps.__getitem__, job_ids))
 
     def stamp(self, job_ids: Sequence[str], ts: int) -> None:
         """Stamp ``job_ids`` (in the order :meth:`due` gave) as renewed at ``ts`` (monotonic ms)."""

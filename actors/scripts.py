@@ -2,7 +2,8 @@
 
 ``lua/extendLocks-1.lua`` is frozen: Node.js, Go, Elixir and Python workers
 renew the same keys with it. A healthy tick costs one round trip: every chunk
-of a batch goes in one pipeline, and the script is loaded only on NOSCRIPT.
+of a batch is sent before any reply is read, each as soon as it is packed, and
+the script is loaded only on NOSCRIPT.
 
 :func:`extend_locks` is the plain call, BullMQ's ``extendLocks`` in Python;
 :class:`RedisRenewer` is what a manager renews through unless told otherwise.
@@ -34,7 +35,7 @@ from actors.messages import EXPIRED, STOLEN, BatchOutcome, ChunkError, Unconfirm
 from actors.timing import check_lock_duration, require_int
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Iterator, Sequence
 
     from actors.connection import Client
     from actors.keys import QueueKeys
@@ -140,16 +141,66 @@ def _send_chunks(
 ) -> list[Any]:
     # EVALSHA by hand, not redis-py's Script: its pipeline sends SCRIPT EXISTS
     # before every batch, a second round trip on each tick.
+    def calls() -> Iterator[tuple[Any, ...]]:
+        for start, stop in bounds:
+            args = _evalsha_args(keys, job_ids[start:stop], tokens[start:stop], duration)
+            yield _with_source(args) if with_source else args
+
+    if not is_cluster(conn) and not _caches(conn):
+        return _stream(conn, calls, len(bounds))
     pipe = conn.pipeline(transaction=False)
-    options: dict[str, Any] = {}
-    if is_cluster(conn):
-        # Routed by hand: a cluster pipeline otherwise asks its default node for
-        # each EVALSHA's keys, and fails while that node is down.
-        options["target_nodes"] = conn.get_node_from_key(keys.stalled)
-    for start, stop in bounds:
-        args = _evalsha_args(keys, job_ids[start:stop], tokens[start:stop], duration)
-        pipe.execute_command(*(_with_source(args) if with_source else args), **options)
+    # Routed by hand: a cluster pipeline otherwise asks its default node for
+    # each EVALSHA's keys, and fails while that node is down.
+    options = {"target_nodes": conn.get_node_from_key(keys.stalled)} if is_cluster(conn) else {}
+    for args in calls():
+        pipe.execute_command(*args, **options)
     replies: list[Any] = pipe.execute(raise_on_error=False)
+    return replies
+
+
+def _caches(conn: Any) -> bool:
+    """Whether ``conn`` keeps a client-side cache (``cache_config``, RESP3).
+
+    Its connections health-check every send, so a PING could go out between
+    two chunks and take a chunk's reply: such a client sends the batch in one
+    pipeline, after one check.
+    """
+    return getattr(conn.connection_pool, "cache", None) is not None
+
+
+def _stream(conn: Any, calls: Callable[[], Iterator[tuple[Any, ...]]], count: int) -> list[Any]:
+    """Send each call as soon as it is packed, then read every reply, each error in its place.
+
+    One round trip, as a pipeline's, but the server runs the first call while
+    the next is packed: redis-py's pipeline packs all of them before it sends
+    any. The client's own retry policy applies to the whole, as to a pipeline's.
+    """
+    pool = conn.connection_pool
+    connection = pool.get_connection()
+
+    def attempt() -> list[Any]:
+        check = True
+        for args in calls():
+            connection.send_packed_command(connection.pack_command(*args), check_health=check)
+            check = False
+        replies: list[Any] = []
+        for _ in range(count):
+            try:
+                replies.append(conn.parse_response(connection, "EVALSHA"))
+            except ResponseError as exc:
+                replies.append(exc)
+        return replies
+
+    try:
+        replies: list[Any] = connection.retry.call_with_retry(
+            attempt, lambda _error: connection.disconnect()
+        )
+    except BaseException:
+        # Replies may be left unread: the connection is out of step with its socket.
+        connection.disconnect()
+        raise
+    finally:
+        pool.release(connection)
     return replies
 
 

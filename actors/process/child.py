@@ -201,8 +201,7 @@ class Child:
 
     def _tick(self, kind: str, now: int, at: int) -> None:
         books, jobs = self._books, self._books.jobs
-        due, tokens = jobs.due(at, self._timing.threshold)
-        oldest = jobs.oldest(due) if due else None
+        due, tokens, oldest = jobs.due(at, self._timing.threshold)
         outcome: BatchOutcome | BaseException = BatchOutcome([], [])
         if due:
             try:

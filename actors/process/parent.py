@@ -43,7 +43,6 @@ from actors.timer import ThreadTimer
 from actors.timing import DEFAULT_LOCK_DURATION, check_lock_duration
 
 if TYPE_CHECKING:
-    import queue
     from collections.abc import Callable
 
     from actors.connection import Client
@@ -215,7 +214,7 @@ class ProcessLockManager(LockManager, isolation="process"):
     """
 
     @staticmethod
-    def _create_actor_inbox() -> queue.Queue[Any]:
+    def _create_actor_inbox() -> TicksFirst:
         return TicksFirst(urgent=(Fired, ChildSaid))
 
     def __init__(

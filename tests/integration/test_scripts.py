@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import pytest
 import redis
+from redis.cache import CacheConfig
+from redis.connection import CacheProxyConnection
 from redis.exceptions import ResponseError
 
 from actors import QueueKeys, extend_locks
 from actors.messages import EXPIRED, STOLEN
 from actors.scripts import renew_batch, script_sha, script_source
+
+if TYPE_CHECKING:
+    from tests.conftest import Server
 
 pytestmark = pytest.mark.both_engines
 
@@ -463,3 +468,31 @@ def test_a_user_refused_script_load_but_allowed_eval_renews_after_a_flush(
     finally:
         limited.close()
         engine_client.acl_deluser(user)
+
+
+@pytest.mark.parametrize("caching", [False, True], ids=["plain", "client-side cache"])
+def test_a_batch_in_chunks_survives_a_health_check_due_between_them(
+    server: Server, monkeypatch: pytest.MonkeyPatch, caching: bool
+) -> None:
+    # A client-side caching connection health-checks every send: a PING sent
+    # between two chunks would read the first chunk's reply. Valkey 8.1 serves
+    # RESP3 client tracking; redis-py allows caching only from Redis 7.4 on.
+    monkeypatch.setattr(CacheProxyConnection, "DEFAULT_SERVER_NAME", "valkey")
+    monkeypatch.setattr(CacheProxyConnection, "MIN_ALLOWED_VERSION", "7.0.0")
+    extra: dict[str, Any] = {"cache_config": CacheConfig()} if caching else {}
+    client = redis.Redis.from_url(
+        server.url, protocol=3, health_check_interval=0.0001, socket_timeout=5, **extra
+    )
+    try:
+        keys = QueueKeys(f"health-{uuid.uuid4().hex[:6]}")
+        ids = [f"j{i}" for i in range(6)]
+        tokens = [token() for _ in ids]
+        for job_id, value in zip(ids, tokens, strict=True):
+            client.set(keys.lock(job_id), value, px=1000)
+
+        outcome = renew_batch(client, keys, ids, tokens, 30_000, max_batch=2)
+
+        assert (outcome.failed, outcome.errors) == ([], [])
+        assert min(client.pttl(keys.lock(job_id)) for job_id in ids) > 29_000
+    finally:
+        client.close()

@@ -23,7 +23,7 @@ def table_with_renewed(count: int, at: int) -> JobTable:
     jobs = table()
     for i in range(count):
         jobs.track(f"old-{i}", "t", 0)
-    due, _ = jobs.due(at, THRESHOLD)
+    due = jobs.due(at, THRESHOLD).ids
     jobs.stamp(due, at)
     return jobs
 
@@ -32,20 +32,35 @@ def test_a_job_tracked_after_a_big_batch_is_first_in_the_next_one() -> None:
     jobs = table_with_renewed(1000, at=1000)
     jobs.track("new", "t", 1050)
 
-    due, tokens = jobs.due(1200, THRESHOLD)
+    due, tokens, _ = jobs.due(1200, THRESHOLD)
 
     assert due[0] == "new"
     assert sorted(due[1:]) == sorted(f"old-{i}" for i in range(1000))
     assert len(tokens) == len(due)
 
 
+def test_the_batch_names_the_oldest_stamp_of_its_jobs_watched_ones_too() -> None:
+    # The least margin a tick reports comes from it.
+    jobs = table()
+    jobs.track("a", "t", 500)
+    jobs.track("b", "t", 300)
+    jobs.track("watched", "t", 1150, notify=Silent())
+
+    assert jobs.due(1200, THRESHOLD).oldest == 300
+    jobs.stamp(["a", "b"], 1200)
+    # Only the watched lock is checked now: it is the oldest.
+    assert jobs.due(1210, THRESHOLD) == (["watched"], ["t"], 1150)
+    jobs.stamp(["watched"], 1210)
+    assert jobs.due(1210, THRESHOLD) == ([], [], None)
+
+
 def test_once_renewed_it_takes_its_tracking_order_again() -> None:
     jobs = table_with_renewed(3, at=1000)
     jobs.track("new", "t", 1050)
-    due, _ = jobs.due(1200, THRESHOLD)
+    due = jobs.due(1200, THRESHOLD).ids
     jobs.stamp(due, 1200)
 
-    due, _ = jobs.due(1400, THRESHOLD)
+    due = jobs.due(1400, THRESHOLD).ids
 
     assert due == ["old-0", "old-1", "old-2", "new"]
 
@@ -54,7 +69,7 @@ def test_a_fresh_job_not_yet_due_is_not_in_the_batch() -> None:
     jobs = table_with_renewed(3, at=1000)
     jobs.track("new", "t", 1150)
 
-    due, _ = jobs.due(1200, THRESHOLD)
+    due = jobs.due(1200, THRESHOLD).ids
 
     assert due == ["old-0", "old-1", "old-2"]
     assert "new" in jobs.fresh
@@ -64,7 +79,7 @@ def test_a_watched_fresh_job_checked_every_tick_goes_first() -> None:
     jobs = table_with_renewed(3, at=1000)
     jobs.track("watched", "t", 1150, notify=Silent())
 
-    due, _ = jobs.due(1200, THRESHOLD)
+    due = jobs.due(1200, THRESHOLD).ids
 
     assert due == ["watched", "old-0", "old-1", "old-2"]
 
@@ -81,7 +96,7 @@ def test_a_fresh_job_whose_renewal_failed_stays_fresh() -> None:
     jobs = table_with_renewed(2, at=1000)
     jobs.track("a", "t", 1050)
     jobs.track("b", "t", 1060)
-    due, _ = jobs.due(1200, THRESHOLD)
+    due = jobs.due(1200, THRESHOLD).ids
     assert due[:2] == ["a", "b"]
 
     # "a" was in a chunk that failed: only the rest are stamped.
@@ -126,7 +141,7 @@ def test_every_due_job_and_only_those_with_the_unrenewed_first(
             renewed.discard(f"j{value}")
         else:
             now += value
-            due, tokens = jobs.due(now, THRESHOLD)
+            due, tokens, _ = jobs.due(now, THRESHOLD)
             expected = {j for j, ts in jobs.stamps.items() if ts + THRESHOLD < now}
             assert sorted(due) == sorted(expected)
             assert tokens == [jobs.tokens[j] for j in due]

@@ -1,0 +1,188 @@
+"""The nemesis: seeded faults, alone and overlapping, each recorded with its start and end.
+
+Kinds: ``kill`` (SIGKILL a worker, restart it), ``stop`` (SIGSTOP/SIGCONT a
+worker), ``redis-stop`` (SIGSTOP/SIGCONT the server), ``partition`` (a
+worker's proxy black-holes its traffic), ``gil`` (the worker holds the GIL in
+C code; the worker records that fault itself, as measured) and ``child-kill``
+(SIGKILL the child of the process-mode manager; it ends once a new child runs).
+One fault at a time per target; up to :data:`MAX_ACTIVE` at once.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from tests.chaos.history import History, now
+from tests.isolation.conftest import children
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from tests.faults.proxy import FaultProxy
+
+__all__ = ["KINDS", "MAX_ACTIVE", "Nemesis", "Targets"]
+
+#: Each kind of fault, and how often it is picked against the others.
+KINDS = {"kill": 2, "stop": 2, "redis-stop": 1, "partition": 2, "gil": 2, "child-kill": 1}
+#: Most faults in progress at once.
+MAX_ACTIVE = 2
+
+
+class Targets(Protocol):
+    """What the nemesis acts on: the runner."""
+
+    #: Each worker's proxy, by base name.
+    proxies: dict[str, FaultProxy]
+
+    def pid(self, base: str) -> int | None:
+        """The pid of the worker's current process, if it is up and ready for signals."""
+        ...
+
+    def kill_and_restart(self, base: str, delay_s: float) -> tuple[str, int, int] | None:
+        """SIGKILL the worker, restart it ``delay_s`` later: (incarnation, killed, restarted)."""
+        ...
+
+    def server_pid(self) -> int:
+        """The server's pid."""
+        ...
+
+    def control(self) -> Path:
+        """The folder of the workers' control files."""
+        ...
+
+
+class Nemesis:
+    """Picks and applies faults from ``random.Random(seed)`` until :meth:`stop`.
+
+    Args:
+        seed: The seed of every choice (kind, target, length, gaps).
+        targets: What the faults act on.
+        history: Where each fault is recorded.
+        lock_ms: The locks' TTL: fault lengths are 0.2-1.6 of it.
+        bases: The workers' base names.
+    """
+
+    def __init__(
+        self, seed: int, targets: Targets, history: History, lock_ms: int, bases: list[str]
+    ) -> None:
+        self.rng = random.Random(seed)
+        self.targets, self.history, self.lock_s = targets, history, lock_ms / 1000
+        self.bases = bases
+        self._busy: set[str] = set()
+        self._guard = threading.Lock()
+        self._done = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._loop = threading.Thread(target=self._run, name="nemesis", daemon=True)
+
+    def start(self) -> None:
+        """Start picking faults."""
+        self._loop.start()
+
+    def stop(self) -> None:
+        """Pick no more faults; wait until every fault in progress is healed."""
+        self._done.set()
+        self._loop.join()
+        for thread in self._threads:
+            thread.join()
+
+    def _run(self) -> None:
+        while not self._done.wait(self.rng.uniform(0.1, 0.5) * self.lock_s):
+            kind = self.rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
+            length = self.rng.uniform(0.2, 1.6) * self.lock_s
+            with self._guard:
+                if len(self._busy) >= MAX_ACTIVE:
+                    continue
+                free = [base for base in self.bases if base not in self._busy]
+                if kind == "redis-stop":
+                    choices = ["redis"] if "redis" not in self._busy else []
+                elif kind == "child-kill":
+                    choices = [base for base in free if base == "process"]
+                else:
+                    choices = free
+                if not choices:
+                    continue
+                target = self.rng.choice(choices)
+                self._busy.add(target)
+            apply = getattr(self, "_" + kind.replace("-", "_"))
+            thread = threading.Thread(
+                target=self._apply, args=(apply, target, length), name=f"fault-{kind}"
+            )
+            self._threads.append(thread)
+            thread.start()
+
+    def _apply(self, apply: Callable[[str, float], None], target: str, length: float) -> None:
+        try:
+            apply(target, length)
+        finally:
+            with self._guard:
+                self._busy.discard(target)
+
+    def _record(self, kind: str, target: str, start: int, **more: object) -> None:
+        self.history.write(kind="fault", fault=kind, target=target, start=start, end=now(), **more)
+
+    def _kill(self, base: str, length: float) -> None:
+        done = self.targets.kill_and_restart(base, min(length, 2.0))
+        if done is not None:
+            incarnation, killed, restarted = done
+            self.history.write(
+                kind="fault",
+                fault="kill",
+                target=base,
+                start=killed,
+                end=restarted,
+                incarnation=incarnation,
+            )
+
+    def _stop(self, base: str, length: float) -> None:
+        self._pause("stop", base, self.targets.pid(base), length)
+
+    def _redis_stop(self, target: str, length: float) -> None:
+        self._pause("redis-stop", target, self.targets.server_pid(), length)
+
+    def _pause(self, kind: str, target: str, pid: int | None, length: float) -> None:
+        """SIGSTOP ``pid`` for ``length`` seconds, then SIGCONT it; record the fault."""
+        if pid is None:
+            return
+        start = now()
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(length)
+        os.kill(pid, signal.SIGCONT)
+        self._record(kind, target, start)
+
+    def _partition(self, base: str, length: float) -> None:
+        proxy = self.targets.proxies[base]
+        start = now()
+        proxy.blackhole()
+        time.sleep(length)
+        proxy.passthrough()
+        self._record("partition", base, start)
+
+    def _gil(self, base: str, length: float) -> None:
+        pid = self.targets.pid(base)
+        if pid is None:
+            return
+        (self.targets.control() / f"{base}.gil").write_text(f"{length:.3f}")
+        os.kill(pid, signal.SIGUSR1)
+        # The hold is measured and recorded by the worker; keep others off it meanwhile.
+        time.sleep(2 * length + 0.5)
+
+    def _child_kill(self, base: str, length: float) -> None:
+        pid = self.targets.pid(base)
+        found = children(pid) if pid is not None else []
+        if not found:
+            return
+        start = now()
+        os.kill(found[0], signal.SIGKILL)
+        deadline = time.monotonic() + 10 * self.lock_s
+        while time.monotonic() < deadline and self.targets.pid(base) == pid:
+            if [child for child in children(pid or 0) if child != found[0]]:
+                break
+            time.sleep(0.02)
+        self._record("child-kill", base, start, killed=found[0])
+        time.sleep(length)

@@ -1,0 +1,337 @@
+"""The chaos run: ``python -m tests.chaos.run`` (``CHAOS_SECONDS``, default 600; ``CHAOS_SEED``).
+
+A private server, one fault proxy per worker, three workers (``thread``,
+``process``: ``actors`` managers with pykka job actors; ``bullmq``: bullmq-py
+with ``use_actor_lock_manager``), each its own OS process; a producer keeps
+the queue fed and a :class:`~tests.chaos.nemesis.Nemesis` faults them. Then
+every fault is healed, the queue drained, the workers stopped, and the history
+checked (:mod:`tests.chaos.checker`). Prints a table; exits 1 on any nonzero count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+from bullmq import Queue
+
+from actors.embedded import EmbeddedServer
+from tests.chaos.checker import Verdict, check
+from tests.chaos.history import History, now, read_history
+from tests.chaos.jobs import MAX_STEP_MS, plan
+from tests.chaos.nemesis import KINDS, Nemesis
+from tests.faults.proxy import FaultProxy
+from tests.support.server import default_engine
+
+__all__ = ["Settings", "main", "report", "run"]
+
+ROOT = Path(__file__).resolve().parents[2]
+QUEUE = "chaos"
+#: The workers: base name -> kind (an ``actors`` isolation mode, or ``"bullmq"``).
+WORKERS = {"thread": "thread", "process": "process", "bullmq": "bullmq"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One run's settings; every wait of the run is derived from them."""
+
+    seconds: float
+    seed: int
+    #: The lock TTL of every worker, in milliseconds.
+    lock_ms: int = 5000
+    #: BullMQ's stalled-check interval, in milliseconds.
+    stalled_ms: int = 1000
+    #: The ``actors`` managers' ``safety_margin``, in milliseconds.
+    safety_margin_ms: int = 1500
+    #: Jobs each worker holds at once.
+    concurrency: int = 3
+    #: The longest job's work, in milliseconds.
+    longest_ms: int = 3000
+
+    @property
+    def grace_ms(self) -> int:
+        """After a pause, how long a run may take to read that its lock is gone.
+
+        Two steps of the job (it reads its mailbox between steps) and one
+        renewal interval (a tick may be under way at the resume).
+        """
+        return 2 * MAX_STEP_MS + self.lock_ms // 4
+
+    @property
+    def drain_s(self) -> float:
+        """Longest wait for the queue to empty once the faults are healed.
+
+        A job may wait out a lock TTL and two stalled checks, and run three
+        attempts (two designed failures), behind a backlog of one job per slot.
+        """
+        one = (self.longest_ms + self.lock_ms + 2 * self.stalled_ms) / 1000
+        return 3 * one * 3 + 10
+
+
+@dataclass
+class Worker:
+    """One worker's current process."""
+
+    base: str
+    kind: str
+    incarnation: str
+    process: subprocess.Popen[bytes]
+    killing: bool = False
+
+
+@dataclass
+class Runner:
+    """Everything one run owns; :meth:`run` does it all."""
+
+    settings: Settings
+    folder: Path
+    proxies: dict[str, FaultProxy] = field(default_factory=dict)
+    workers: dict[str, Worker] = field(default_factory=dict)
+    added: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for sub in ("history", "control", "logs"):
+            (self.folder / sub).mkdir(parents=True, exist_ok=True)
+        self.history = History(self.folder / "history" / "runner.jsonl")
+        self.server = EmbeddedServer(default_engine())
+        self._guard = threading.Lock()
+        self._serial = 0
+        self._done = threading.Event()
+
+    # -- what the nemesis acts on ----------------------------------------
+
+    def pid(self, base: str) -> int | None:
+        with self._guard:
+            worker = self.workers.get(base)
+            if worker is None or worker.process.poll() is not None:
+                return None
+            ready = (self.folder / "control" / f"{worker.incarnation}.ready").exists()
+            return worker.process.pid if ready else None
+
+    def kill_and_restart(self, base: str, delay_s: float) -> tuple[str, int, int] | None:
+        with self._guard:
+            worker = self.workers[base]
+            worker.killing = True
+        killed = now()
+        worker.process.send_signal(signal.SIGKILL)
+        worker.process.wait()
+        time.sleep(delay_s)
+        self.spawn(base)
+        return worker.incarnation, killed, now()
+
+    def server_pid(self) -> int:
+        pid = self.server.pid
+        assert pid is not None
+        return pid
+
+    def control(self) -> Path:
+        return self.folder / "control"
+
+    # -- workers ---------------------------------------------------------
+
+    def spawn(self, base: str) -> None:
+        """Start (or restart) the worker ``base`` as a new incarnation."""
+        with self._guard:
+            self._serial += 1
+            incarnation = f"{base}#{self._serial}"
+        s = self.settings
+        options = {
+            "kind": WORKERS[base],
+            "worker": incarnation,
+            "base": base,
+            "url": self.proxies[base].url,
+            "queue": QUEUE,
+            "history": str(self.folder / "history" / f"{incarnation}.jsonl"),
+            "control": str(self.folder / "control"),
+            "lock_ms": s.lock_ms,
+            "stalled_ms": s.stalled_ms,
+            "safety_margin_ms": s.safety_margin_ms,
+            "concurrency": s.concurrency,
+        }
+        log = (self.folder / "logs" / f"{incarnation}.log").open("wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.chaos.worker", json.dumps(options)],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        with self._guard:
+            self.workers[base] = Worker(base, WORKERS[base], incarnation, process)
+
+    def _supervise(self) -> None:
+        """Restart a worker that exited on its own, and record the exit."""
+        while not self._done.wait(0.1):
+            with self._guard:
+                exited = [
+                    w
+                    for w in self.workers.values()
+                    if not w.killing and w.process.poll() is not None
+                ]
+            for worker in exited:
+                self.history.write(kind="exit", worker=worker.incarnation, t=now())
+                self.spawn(worker.base)
+
+    # -- the queue -------------------------------------------------------
+
+    def _produce(self, direct: redis.Redis, until: float) -> None:
+        rng = random.Random(self.settings.seed + 1)
+        backlog = 2 * self.settings.concurrency * len(WORKERS)
+
+        async def produce() -> None:
+            queue = Queue(QUEUE, {"connection": self.server.url, "prefix": "bull"})
+            try:
+                while time.monotonic() < until:
+                    if int(direct.llen(f"bull:{QUEUE}:wait")) < backlog:
+                        data = plan(rng, self.settings.longest_ms)
+                        job = await queue.add("chaos", data, {"attempts": 1000})
+                        self.added.append(str(job.id))
+                        self.history.write(kind="job", event="added", job=str(job.id), t=now())
+                    else:
+                        await asyncio.sleep(0.05)
+            finally:
+                await queue.close()
+
+        asyncio.run(produce())
+
+    def _state(self, direct: redis.Redis, job: str) -> str:
+        base = f"bull:{QUEUE}"
+        for state in ("completed", "failed", "delayed", "prioritized"):
+            if direct.zscore(f"{base}:{state}", job) is not None:
+                return state
+        for state in ("active", "wait", "paused"):
+            if direct.lpos(f"{base}:{state}", job) is not None:
+                return state
+        return "missing"
+
+    # -- the run ---------------------------------------------------------
+
+    def run(self) -> Verdict:
+        """Run the chaos, drain, stop everything, and check the history."""
+        s = self.settings
+        self.history.write(
+            kind="config",
+            seed=s.seed,
+            seconds=s.seconds,
+            lock_ms=s.lock_ms,
+            grace_ms=s.grace_ms,
+            stalled_ms=s.stalled_ms,
+            safety_margin_ms=s.safety_margin_ms,
+            concurrency=s.concurrency,
+            t=now(),
+        )
+        self.server.start()
+        direct = redis.Redis.from_url(self.server.url, socket_timeout=30, decode_responses=True)
+        supervisor = threading.Thread(target=self._supervise, name="supervisor", daemon=True)
+        try:
+            for base in WORKERS:
+                self.proxies[base] = FaultProxy(self.server.host, self.server.port).start()
+                self.spawn(base)
+            supervisor.start()
+            until = time.monotonic() + s.seconds
+            producer = threading.Thread(
+                target=self._produce, args=(direct, until), name="producer", daemon=True
+            )
+            producer.start()
+            nemesis = Nemesis(s.seed, self, self.history, s.lock_ms, list(WORKERS))
+            nemesis.start()
+            producer.join()
+            nemesis.stop()
+            self._drain(direct)
+            for job in self.added:
+                self.history.write(
+                    kind="job", event="final", job=job, state=self._state(direct, job), t=now()
+                )
+        finally:
+            self._stop_workers(supervisor)
+            for proxy in self.proxies.values():
+                proxy.close()
+            direct.close()
+            self.server.stop()
+            self.history.close()
+        return check(read_history(self.folder / "history"))
+
+    def _drain(self, direct: redis.Redis) -> None:
+        deadline = time.monotonic() + self.settings.drain_s
+        while time.monotonic() < deadline:
+            if int(direct.zcard(f"bull:{QUEUE}:completed")) >= len(self.added):
+                return
+            time.sleep(0.1)
+
+    def _stop_workers(self, supervisor: threading.Thread) -> None:
+        self._done.set()
+        if supervisor.is_alive():
+            supervisor.join()
+        for base in WORKERS:
+            (self.folder / "control" / f"{base}.stop").touch()
+        deadline = time.monotonic() + 4 * self.settings.lock_ms / 1000 + 10
+        for worker in self.workers.values():
+            try:
+                worker.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                worker.process.kill()
+                worker.process.wait()
+
+
+def run(settings: Settings, folder: Path | None = None) -> Verdict:
+    """Run the chaos with ``settings`` (in ``folder``, else a temporary one) and check it."""
+    if folder is not None:
+        return Runner(settings, folder).run()
+    with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
+        return Runner(settings, Path(tmp)).run()
+
+
+def report(verdict: Verdict, seconds: float, *, shown: int = 3) -> str:
+    """The run's table, then (on failure) the seed and the shortest window of each finding."""
+    rows: list[tuple[str, object]] = [
+        ("seed", verdict.seed),
+        ("seconds of faults", f"{seconds:g}"),
+        ("jobs", verdict.jobs),
+        ("runs", verdict.runs),
+        ("runs told of a loss (or refused a move)", verdict.losses),
+        ("worker exits nobody caused", verdict.unexpected_exits),
+    ]
+    rows += [(f"faults: {kind}", verdict.faults.get(kind, 0)) for kind in KINDS]
+    rows += [
+        (name, "not checked" if count is None else count) for name, count in verdict.counts.items()
+    ]
+    lines = ["| | |", "|---|---:|", *(f"| {name} | {value} |" for name, value in rows)]
+    if not verdict.ok:
+        lines.append(f"\nFAILED with CHAOS_SEED={verdict.seed}")
+        for title, findings in (
+            ("overlaps", verdict.overlaps),
+            ("unexplained losses", verdict.unexplained_losses),
+            ("unfinished jobs", verdict.unfinished),
+        ):
+            for finding in findings[:shown]:
+                lines.append(f"\n{title}: {finding.what}")
+                lines += [f"    {json.dumps(record)}" for record in finding.window]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    """Run with ``CHAOS_SECONDS``, ``CHAOS_SEED`` (``CHAOS_DIR`` keeps the files); 1 on failure."""
+    seconds = float(os.environ.get("CHAOS_SECONDS", "600"))
+    seed = int(os.environ.get("CHAOS_SEED", str(random.SystemRandom().randrange(2**32))))
+    folder = os.environ.get("CHAOS_DIR")
+    with contextlib.suppress(KeyboardInterrupt):
+        verdict = run(Settings(seconds, seed), Path(folder) if folder else None)
+        print(report(verdict, seconds))
+        return 0 if verdict.ok else 1
+    return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""The checker on hand-written histories: clean ones pass, each kind of failure is counted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.chaos.checker import build_runs, check
+
+MS = 1_000_000
+LOCK_MS = 1000
+CONFIG = {"kind": "config", "seed": 7, "lock_ms": LOCK_MS, "grace_ms": 100}
+
+
+def run(event: str, job: str, token: str, t_ms: int, base: str = "thread", **more: Any) -> Any:
+    worker = more.pop("worker", f"{base}#1")
+    return {
+        "kind": "run",
+        "event": event,
+        "job": job,
+        "attempt": 1,
+        "token": token,
+        "worker": worker,
+        "base": base,
+        "t": t_ms * MS,
+        **more,
+    }
+
+
+def fault(kind: str, target: str, start_ms: int, end_ms: int, **more: Any) -> Any:
+    return {
+        "kind": "fault",
+        "fault": kind,
+        "target": target,
+        "start": start_ms * MS,
+        "end": end_ms * MS,
+        **more,
+    }
+
+
+def job(job_id: str, state: str = "completed") -> list[Any]:
+    return [
+        {"kind": "job", "event": "added", "job": job_id, "t": 0},
+        {"kind": "job", "event": "final", "job": job_id, "state": state, "t": 99_000 * MS},
+    ]
+
+
+def test_a_clean_history_passes() -> None:
+    records = [
+        CONFIG,
+        *job("1"),
+        *job("2"),
+        run("started", "1", "a", 10),
+        run("finished", "1", "a", 500, outcome="failed"),
+        run("started", "1", "b", 600, base="bullmq"),
+        run("finished", "1", "b", 900, base="bullmq", outcome="completed"),
+        run("started", "2", "c", 10),
+        run("finished", "2", "c", 20, outcome="completed"),
+    ]
+    verdict = check(records)
+    assert verdict.ok
+    assert (verdict.jobs, verdict.runs, verdict.seed) == (2, 3, 7)
+    assert verdict.counts["stale fenced writes accepted"] is None
+
+
+def test_a_run_started_while_another_is_in_hand_is_an_overlap() -> None:
+    records = [
+        CONFIG,
+        *job("1"),
+        run("started", "1", "a", 0),
+        run("started", "1", "b", 400, base="process"),
+        run("finished", "1", "a", 500, outcome="completed"),
+        run("finished", "1", "b", 800, base="process", outcome="completed"),
+    ]
+    verdict = check(records)
+    assert len(verdict.overlaps) == 1
+    assert "100.0 ms" in verdict.overlaps[0].what
+    assert [r["token"] for r in verdict.overlaps[0].window] == ["a", "b", "a", "b"]
+    assert not verdict.ok
+
+
+def test_a_run_ends_when_told_of_its_loss() -> None:
+    records = [
+        CONFIG,
+        *job("1"),
+        fault("partition", "thread", 100, 1500),
+        run("started", "1", "a", 0),
+        run("lost", "1", "a", 900, reason="unconfirmed"),
+        run("started", "1", "b", 1200, base="bullmq"),
+        run("finished", "1", "b", 1300, base="bullmq", outcome="completed"),
+    ]
+    verdict = check(records)
+    assert verdict.ok
+    assert verdict.losses == 1
+
+
+def test_a_told_arriving_after_the_next_run_started_is_an_overlap() -> None:
+    records = [
+        CONFIG,
+        *job("1"),
+        fault("partition", "thread", 100, 1500),
+        run("started", "1", "a", 0),
+        run("started", "1", "b", 1200, base="bullmq"),
+        run("lost", "1", "a", 1250, reason="unconfirmed"),
+        run("finished", "1", "b", 1300, base="bullmq", outcome="completed"),
+    ]
+    assert len(check(records).overlaps) == 1
+
+
+def test_a_paused_process_and_its_grace_are_not_in_hand() -> None:
+    records = [
+        CONFIG,
+        *job("1"),
+        fault("stop", "thread", 100, 2000),
+        run("started", "1", "a", 0),
+        run("started", "1", "b", 1500, base="bullmq"),
+        # Told 50 ms after the resume: inside the 100 ms grace.
+        run("lost", "1", "a", 2050, reason="unconfirmed"),
+        run("finished", "1", "b", 2500, base="bullmq", outcome="completed"),
+    ]
+    assert check(records).ok
+    # Told 150 ms after it: 50 ms past the grace, both in hand.
+    late = [*records[:-2], run("lost", "1", "a", 2150), records[-1]]
+    verdict = check(late)
+    assert len(verdict.overlaps) == 1
+    assert "50.0 ms" in verdict.overlaps[0].what
+
+
+def test_a_pause_of_another_worker_excuses_nothing() -> None:
+    records = [
+        CONFIG,
+        *job("1"),
+        fault("stop", "process", 100, 2000),
+        run("started", "1", "a", 0),
+        run("started", "1", "b", 1500, base="bullmq"),
+        run("lost", "1", "a", 1600, reason="stolen"),
+        run("finished", "1", "b", 2500, base="bullmq", outcome="completed"),
+    ]
+    verdict = check(records)
+    assert len(verdict.overlaps) == 1
+    assert len(verdict.unexplained_losses) == 1
+
+
+def test_a_killed_incarnation_holds_nothing_after_the_kill() -> None:
+    records = [
+        CONFIG,
+        *job("1"),
+        fault("kill", "thread", 300, 900, incarnation="thread#1"),
+        run("started", "1", "a", 0),
+        run("started", "1", "b", 1400, base="bullmq"),
+        run("finished", "1", "b", 1500, base="bullmq", outcome="completed"),
+    ]
+    assert check(records).ok
+    (killed, _) = build_runs(records)
+    assert (killed.ended_by, killed.end) == ("killed", 300 * MS)
+    # The kill of another incarnation does not end this one's run.
+    other = [records[0], *records[1:3], fault("kill", "thread", 300, 900, incarnation="thread#0")]
+    other += records[4:]
+    assert len(check(other).overlaps) == 1
+
+
+def test_a_loss_explained_by_a_fault_on_its_worker_or_redis() -> None:
+    for target in ("thread", "redis"):
+        records = [
+            CONFIG,
+            *job("1"),
+            fault("redis-stop" if target == "redis" else "gil", target, 100, 400),
+            run("started", "1", "a", 0),
+            # Within the fault's end plus the lock duration (1,000 ms).
+            run("lost", "1", "a", 1399, reason="unconfirmed"),
+            run("started", "1", "b", 2000, base="bullmq"),
+            run("finished", "1", "b", 2100, base="bullmq", outcome="completed"),
+        ]
+        assert check(records).ok, target
+
+
+def test_a_loss_after_the_fault_window_is_unexplained() -> None:
+    records = [
+        CONFIG,
+        *job("1"),
+        fault("partition", "thread", 100, 400),
+        run("started", "1", "a", 0),
+        run("lost", "1", "a", 1401, reason="unconfirmed"),
+        run("started", "1", "b", 2000, base="bullmq"),
+        run("finished", "1", "b", 2100, base="bullmq", outcome="completed"),
+    ]
+    verdict = check(records)
+    assert len(verdict.unexplained_losses) == 1
+    assert [r["kind"] for r in verdict.unexplained_losses[0].window] == ["run", "fault", "run"]
+    assert "FAILED" not in verdict.unexplained_losses[0].what
+
+
+def test_a_loss_with_no_fault_at_all_is_unexplained() -> None:
+    records = [
+        CONFIG,
+        *job("1"),
+        run("started", "1", "a", 0),
+        run("lost", "1", "a", 300, reason="stolen"),
+        run("started", "1", "b", 400),
+        run("finished", "1", "b", 500, outcome="completed"),
+    ]
+    assert len(check(records).unexplained_losses) == 1
+
+
+def test_jobs_never_finished_or_left_active_are_counted() -> None:
+    records = [
+        CONFIG,
+        *job("1", state="active"),
+        *job("2"),
+        *job("3"),
+        run("started", "1", "a", 0),
+        run("finished", "1", "a", 100, outcome="failed"),
+        run("started", "2", "b", 0),
+        run("finished", "2", "b", 100, outcome="completed"),
+        run("started", "2", "c", 200),
+        run("started", "3", "d", 0),
+        run("finished", "3", "d", 100, outcome="completed"),
+    ]
+    verdict = check(records)
+    assert [finding.what for finding in verdict.unfinished] == [
+        "job 1: no run finished it; final state active",
+        "job 2: run c never ended",
+    ]
+
+
+def test_an_exited_worker_holds_nothing_after_its_exit() -> None:
+    records = [
+        CONFIG,
+        *job("1"),
+        {"kind": "exit", "worker": "thread#1", "t": 200 * MS},
+        run("started", "1", "a", 0),
+        run("started", "1", "b", 5000, base="bullmq"),
+        run("finished", "1", "b", 5100, base="bullmq", outcome="completed"),
+    ]
+    verdict = check(records)
+    assert verdict.ok
+    assert verdict.unexpected_exits == 1
+
+
+def test_a_run_whose_fetch_was_answered_after_a_pause_is_excused_within_the_grace() -> None:
+    # The thread worker's fetch took the lock before its pause; the answer came after it.
+    records = [
+        CONFIG,
+        *job("1"),
+        fault("gil", "thread", 0, 2000),
+        run("started", "1", "b", 1500, base="bullmq"),
+        run("started", "1", "a", 2010),
+        run("lost", "1", "a", 2090, reason="unconfirmed"),
+        run("finished", "1", "b", 2500, base="bullmq", outcome="completed"),
+    ]
+    assert check(records).ok
+    late = [*records[:-2], run("lost", "1", "a", 2130), records[-1]]
+    assert len(check(late).overlaps) == 1

@@ -1,0 +1,364 @@
+"""One chaos worker, a process of its own: ``python -m tests.chaos.worker SETTINGS_JSON``.
+
+Three kinds share the queue:
+
+- ``"thread"`` and ``"process"``: an ``actors`` manager in that isolation mode
+  renews the locks; a bullmq-py ``Worker`` without autorun takes jobs by hand
+  (``getNextJob``) and runs BullMQ's stalled check; each job is a pykka actor
+  tracked with ``notify=self.actor_ref``, working one step per message, told
+  ``LockLost`` in its mailbox;
+- ``"bullmq"``: a running bullmq-py ``Worker`` at ``concurrency`` > 1 with
+  ``use_actor_lock_manager``; its processor reads ``signal.aborted`` between steps.
+
+Each run's ``started`` / ``lost`` / ``finished`` goes to the worker's history
+file. SIGUSR1 holds the GIL in C code (a backtracking ``re`` match) for the
+seconds written in ``CONTROL/BASE.gil``, and records that fault; the worker
+stops once ``CONTROL/BASE.stop`` exists and its jobs are done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pykka
+from bullmq import Worker
+
+from actors import LockLost, QueueKeys, start_link, stop, track_job, untrack_job
+from actors.bullmq import use_actor_lock_manager
+from tests.bullmq.burn import backtrack, size_for
+from tests.chaos.history import History, now
+from tests.chaos.jobs import busy
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from actors import ManagerRef
+
+PREFIX = "bull"
+
+
+class Designed(Exception):
+    """An attempt that fails on purpose; its message is the run's token."""
+
+
+class Abandoned(Exception):
+    """A run that was told its lock is lost and stopped; its message is the run's token."""
+
+
+class Context:
+    """What every run of one worker shares."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.settings = settings
+        self.worker = str(settings["worker"])
+        self.base = str(settings["base"])
+        self.history = History(Path(settings["history"]))
+        self.control = Path(settings["control"])
+        self.lock_ms = int(settings["lock_ms"])
+        self.inflight: set[str] = set()
+        #: Each run's attempt number, and the runs already ended, by (job, token).
+        self.attempts: dict[tuple[str, str], int] = {}
+        self.ended: set[tuple[str, str]] = set()
+        #: When each bullmq run handed its job back (its processor returned), in ns.
+        self.sent: dict[tuple[str, str], int] = {}
+        self.guard = threading.Lock()
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def record(
+        self, event: str, job: Any, token: str, *, t: int | None = None, **more: Any
+    ) -> None:
+        """Append one event of the run ``token`` of ``job``.
+
+        A run ends once, at its first end; a completion is recorded even after
+        a loss (a move sent before the news can still land). ``t`` defaults to now.
+        """
+        run = (str(job.id), token)
+        with self.guard:
+            if event == "started":
+                self.attempts[run] = int(job.attemptsMade) + 1
+            elif run in self.ended and more.get("outcome") != "completed":
+                return
+            else:
+                self.ended.add(run)
+            attempt = self.attempts.get(run, 0)
+        self.history.write(
+            kind="run",
+            event=event,
+            job=str(job.id),
+            attempt=attempt,
+            token=token,
+            worker=self.worker,
+            base=self.base,
+            t=now() if t is None else t,
+            **more,
+        )
+
+    def ready(self) -> None:
+        """Tell the nemesis this worker is up: its manager started, its signals handled."""
+        (self.control / f"{self.worker}.ready").touch()
+
+    @property
+    def stopping(self) -> bool:
+        return (self.control / f"{self.base}.stop").exists()
+
+    def options(self, **more: Any) -> dict[str, Any]:
+        return {
+            "connection": self.settings["url"],
+            "prefix": PREFIX,
+            "autorun": False,
+            "lockDuration": self.lock_ms,
+            "stalledInterval": int(self.settings["stalled_ms"]),
+            # A job lost to a fault goes back to wait however often: none fails for stalling.
+            "maxStalledCount": 1_000_000,
+            **more,
+        }
+
+    def hold_gil(self, _signum: int, _frame: FrameType | None) -> None:
+        """Hold the GIL in C code for the seconds the nemesis wrote; record the fault."""
+        seconds = float((self.control / f"{self.base}.gil").read_text())
+        start = now()
+        backtrack(size_for(seconds))
+        self.history.write(kind="fault", fault="gil", target=self.base, start=start, end=now())
+
+
+@dataclass(frozen=True)
+class Moved:
+    """bullmq answered the move a run sent at ``sent`` (ns); ``error`` if it refused it."""
+
+    sent: int
+    failing: bool
+    error: BaseException | None
+
+
+class JobRun(pykka.ThreadingActor):
+    """One run of one job: a step per message until done, or told its lock is lost.
+
+    Its last act is sending bullmq's move: the run is in hand until then, and
+    the history stamps the move's outcome with that moment (a retried job may
+    be taken by another worker before the answer comes back).
+    """
+
+    def __init__(
+        self, ctx: Context, manager: ManagerRef, job: Any, token: str, taken_ms: int
+    ) -> None:
+        super().__init__()
+        self.ctx, self.manager, self.job, self.token = ctx, manager, job, token
+        self.taken_ms = taken_ms
+        self.left = int(job.data["steps"])
+        self.over = self.moving = False
+
+    def on_start(self) -> None:
+        # Stamped with the time the fetch was sent: the lock is no older than that.
+        track_job(
+            self.manager, str(self.job.id), self.token, ts=self.taken_ms, notify=self.actor_ref
+        )
+        self.ctx.record("started", self.job, self.token)
+        self.actor_ref.tell("step")
+
+    def on_receive(self, message: Any) -> None:
+        if self.over:
+            return
+        if isinstance(message, LockLost):
+            self.ctx.record("lost", self.job, self.token, reason=message.reason)
+            if not self.moving:
+                self.end()
+        elif isinstance(message, Moved):
+            if message.error is not None:
+                reason = f"move refused: {type(message.error).__name__}"
+                self.ctx.record("lost", self.job, self.token, t=message.sent, reason=reason)
+            else:
+                outcome = "failed" if message.failing else "completed"
+                self.ctx.record("finished", self.job, self.token, t=message.sent, outcome=outcome)
+            self.end()
+        elif self.moving:
+            return
+        elif self.left > 0:
+            seconds = int(self.job.data["step_ms"]) / 1000
+            busy(seconds) if self.job.data["busy"] else time.sleep(seconds)
+            self.left -= 1
+            self.actor_ref.tell("step")
+        else:
+            self.finish()
+
+    def finish(self) -> None:
+        job, token, ctx = self.job, self.token, self.ctx
+        failing = int(job.attemptsMade) < int(job.data["fail_first"])
+        move = (
+            job.moveToFailed(Designed(token), token, False)
+            if failing
+            else job.moveToCompleted(token, token, False)
+        )
+        assert ctx.loop is not None
+        self.moving = True
+        sent = now()
+        future = asyncio.run_coroutine_threadsafe(move, ctx.loop)
+        ref = self.actor_ref
+
+        def answered(done: concurrent.futures.Future[Any]) -> None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(Moved(sent, failing, done.exception()))
+
+        future.add_done_callback(answered)
+
+    def end(self) -> None:
+        self.over = True
+        untrack_job(self.manager, str(self.job.id), notify=self.actor_ref)
+        with self.ctx.guard:
+            self.ctx.inflight.discard(self.token)
+        self.stop()
+
+
+async def run_actor_worker(ctx: Context, isolation: str) -> None:
+    """Take jobs by hand and run each as a :class:`JobRun` on a manager of ``isolation``."""
+    settings = ctx.settings
+    manager = start_link(
+        connection=settings["url"],
+        keys=QueueKeys(settings["queue"], prefix=PREFIX),
+        lock_duration=ctx.lock_ms,
+        safety_margin=int(settings["safety_margin_ms"]),
+        isolation=isolation,
+    )
+    worker = Worker(settings["queue"], None, ctx.options())
+    concurrency = int(settings["concurrency"])
+
+    async def check_stalled() -> None:
+        while True:
+            await asyncio.sleep(int(settings["stalled_ms"]) / 1000)
+            with contextlib.suppress(Exception):
+                await worker.runStalledJobsCheck()
+
+    checker = asyncio.ensure_future(check_stalled())
+    ctx.ready()
+    serial = 0
+    while not ctx.stopping:
+        with ctx.guard:
+            busy_slots = len(ctx.inflight)
+        if busy_slots >= concurrency:
+            await asyncio.sleep(0.02)
+            continue
+        serial += 1
+        token = f"{ctx.worker}:{serial}:{uuid.uuid4().hex[:8]}"
+        taken_ms = time.monotonic_ns() // 1_000_000
+        try:
+            job = await asyncio.wait_for(worker.getNextJob(token), 2 * ctx.lock_ms / 1000)
+        except Exception:  # a fault in the way: try again
+            await asyncio.sleep(0.1)
+            continue
+        if job is None:
+            continue
+        with ctx.guard:
+            ctx.inflight.add(token)
+        JobRun.start(ctx, manager, job, token, taken_ms)
+    await drain(ctx)
+    checker.cancel()
+    stop(manager)
+
+
+async def run_bullmq_worker(ctx: Context) -> None:
+    """A running bullmq-py worker whose locks ``use_actor_lock_manager`` renews."""
+    settings = ctx.settings
+
+    async def process(job: Any, token: str, abort: Any) -> str:
+        ctx.record("started", job, token)
+        with ctx.guard:
+            ctx.inflight.add(token)
+        try:
+            for _ in range(int(job.data["steps"])):
+                seconds = int(job.data["step_ms"]) / 1000
+                if job.data["busy"]:
+                    busy(seconds)  # blocks the event loop
+                else:
+                    await asyncio.sleep(seconds)
+                if abort.aborted:
+                    ctx.record("lost", job, token, reason=str(abort.reason))
+                    raise Abandoned(token)
+            with ctx.guard:
+                ctx.sent[(str(job.id), token)] = now()
+            if int(job.attemptsMade) < int(job.data["fail_first"]):
+                raise Designed(token)
+            return token
+        finally:
+            with ctx.guard:
+                ctx.inflight.discard(token)
+
+    worker = Worker(
+        settings["queue"], process, ctx.options(concurrency=int(settings["concurrency"]))
+    )
+    use_actor_lock_manager(worker)
+
+    def sent(job: Any, token: str) -> int | None:
+        # The processor's last act: bullmq sends the move right after it returns.
+        with ctx.guard:
+            return ctx.sent.get((str(job.id), token))
+
+    def completed(job: Any, result: Any, *_: Any) -> None:
+        token = str(result)
+        ctx.record("finished", job, token, t=sent(job, token), outcome="completed")
+
+    def failed(job: Any, error: Any, *_: Any) -> None:
+        if isinstance(error, Designed):
+            token = str(error)
+            ctx.record("finished", job, token, t=sent(job, token), outcome="failed")
+
+    def errored(error: Any, job: Any = None, *_: Any) -> None:
+        # bullmq could not move a job it ran: the lock was not its own any more.
+        if job is not None and getattr(job, "token", None):
+            token = str(job.token)
+            reason = f"move refused: {error}"[:120]
+            ctx.record("lost", job, token, t=sent(job, token), reason=reason)
+
+    worker.on("completed", completed)
+    worker.on("failed", failed)
+    worker.on("error", errored)
+    running = asyncio.ensure_future(worker.run())
+    ctx.ready()
+    while not ctx.stopping:
+        await asyncio.sleep(0.05)
+    await drain(ctx)
+    running.cancel()
+
+
+async def drain(ctx: Context) -> None:
+    """Wait for the runs in hand to end (the runner stops workers once every job is done)."""
+    deadline = time.monotonic() + 4 * ctx.lock_ms / 1000
+    while time.monotonic() < deadline:
+        with ctx.guard:
+            if not ctx.inflight:
+                return
+        await asyncio.sleep(0.05)
+
+
+def main(settings: dict[str, Any]) -> None:
+    """Run one worker until told to stop, then leave at once."""
+    ctx = Context(settings)
+    signal.signal(signal.SIGUSR1, ctx.hold_gil)
+
+    async def run() -> None:
+        ctx.loop = asyncio.get_running_loop()
+        if settings["kind"] == "bullmq":
+            await run_bullmq_worker(ctx)
+        else:
+            await run_actor_worker(ctx, str(settings["kind"]))
+
+    with contextlib.suppress(asyncio.CancelledError):
+        asyncio.run(run())
+    ctx.history.close()
+    sys.stdout.flush()
+    # Connections and threads may hang on a closed server: the history is written, leave.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
