@@ -167,7 +167,7 @@ def spawn(config: dict[str, Any], memfd: int, generation: int) -> Child:
     except BaseException as exc:
         conn.close()
         end(process)
-        if isinstance(exc, EOFError):
+        if isinstance(exc, (EOFError, OSError)):  # its end closed, or reset with words unread
             raise RuntimeError(
                 f"the child process exited with code {process.returncode} before it "
                 "was ready (see its output above)"

@@ -343,3 +343,27 @@ def test_a_stopped_child_whose_socket_fills_holds_up_neither_answers_nor_deadlin
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGCONT)
     stop(manager)
+
+
+def test_a_child_killed_while_it_starts_is_a_clear_error(server: Server) -> None:
+    # The child dies before it says it is ready, its socket reset or closed: the
+    # caller gets the RuntimeError start_link promises, and no child is left.
+    before = set(children())
+    done = threading.Event()
+
+    def kill_each_new_child() -> None:
+        while not done.is_set():
+            for pid in set(children()) - before:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.001)
+
+    killer = threading.Thread(target=kill_each_new_child, daemon=True)
+    killer.start()
+    try:
+        with pytest.raises(RuntimeError, match="before it was ready"):
+            start_link(connection=server.url, keys=KEYS, isolation="process")
+    finally:
+        done.set()
+        killer.join(SOON_S)
+    wait_for(lambda: not set(children()) - before, SOON_S, "the killed child to be reaped")
