@@ -6,6 +6,7 @@ further: each extra, and each install line of the docs, in a fresh environment.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import venv
@@ -82,6 +83,13 @@ def test_wheel_installs_and_renews_from_a_fresh_venv(
 def test_the_package_says_the_version_its_metadata_says() -> None:
     # pyproject.toml and actors.__version__ once named two different releases.
     assert actors.__version__ == declared_version()
+
+
+def test_the_changelog_has_a_dated_section_for_the_version() -> None:
+    # A release is the version pyproject.toml declares, with its changes under its own date.
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    version = re.escape(declared_version())
+    assert re.search(rf"^## \[{version}\] - \d{{4}}-\d{{2}}-\d{{2}}$", changelog, re.M)
 
 
 @pytest.mark.parametrize("doc", INSTALL_DOCS)
