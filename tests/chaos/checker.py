@@ -11,12 +11,21 @@ reads Redis or a clock.
   its worker) and ``grace_ms`` after each pause: a paused process does
   nothing, the job's code included, and needs a moment after it to read its
   mailbox (the "abort before steal" bound holds only while a process runs).
+  An overlap whose older run (the one whose lock was taken first: by
+  ``taken``, the job's ``processedOn``, where known) is not ``watched`` (a
+  BullMQ for Node.js run: nothing tells it of a lost lock) is the peer's,
+  listed apart and not counted.
 - **Unexplained losses.** A ``lost`` whose time is in no fault window on its
   worker (or on Redis) stretched by ``lock_ms`` after the fault's end.
 - **Unfinished jobs.** An added job with no ``finished``/``completed`` run, or
   whose final state is not ``completed``, or with a run never ended.
-- **Stale fenced writes accepted.** Not checked: the workers make no fenced
-  writes (``tests/faults/test_fencing.py`` covers fencing); always ``None``.
+- **Stale writes accepted.** A run writes its result through a fenced
+  store and a guarded write (:mod:`tests.chaos.store`). Counted: a fenced
+  write accepted after the store took a higher fence, or the same fence from
+  another run; a guarded write applied after another run of the job surely
+  took its lock (that run's fetch was sent after the writer's run started,
+  and answered before the write was sent); a run that surely took the lock
+  after another but got a fence no higher.
 """
 
 from __future__ import annotations
@@ -44,6 +53,15 @@ class Run:
     end: int
     #: ``"lost"``, ``"finished"``, ``"killed"``, ``"exited"`` or ``"open"``.
     ended_by: str
+    #: When its fetch was sent (the job's ``processedOn``), ns; ``None`` if unknown.
+    taken: int | None = None
+    #: Whether anything tells the run that its lock is lost (not so for BullMQ for Node.js).
+    watched: bool = True
+
+    @property
+    def took(self) -> int:
+        """When the run's lock was taken, at the latest: ``taken`` if known, else ``start``."""
+        return self.start if self.taken is None else min(self.taken, self.start)
 
 
 @dataclass(frozen=True)
@@ -65,19 +83,22 @@ class Verdict:
     overlaps: list[Finding] = field(default_factory=list)
     unexplained_losses: list[Finding] = field(default_factory=list)
     unfinished: list[Finding] = field(default_factory=list)
-    #: ``None``: not checked.
-    stale_fenced_writes: int | None = None
+    stale_writes: list[Finding] = field(default_factory=list)
+    #: Overlaps left by a run nothing tells of a loss (not counted).
+    peer_overlaps: list[Finding] = field(default_factory=list)
     losses: int = 0
     unexpected_exits: int = 0
+    #: Writes made: fenced, guarded.
+    writes: int = 0
 
     @property
-    def counts(self) -> dict[str, int | None]:
-        """The four counts, each of which must be 0 (``None``: not checked)."""
+    def counts(self) -> dict[str, int]:
+        """The four counts, each of which must be 0."""
         return {
             "overlaps": len(self.overlaps),
             "unexplained losses": len(self.unexplained_losses),
             "unfinished jobs": len(self.unfinished),
-            "stale fenced writes accepted": self.stale_fenced_writes,
+            "stale writes accepted": len(self.stale_writes),
         }
 
     @property
@@ -129,6 +150,8 @@ def build_runs(records: list[dict[str, Any]]) -> list[Run]:
                 start=_t(start),
                 end=max(finish, _t(start)),
                 ended_by=ended_by,
+                taken=None if start.get("taken") is None else int(start["taken"]),
+                watched=bool(start.get("watched", True)),
             )
         )
     return sorted(runs, key=lambda run: (run.start, run.token))
@@ -180,8 +203,12 @@ def _window(shown: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return seen
 
 
-def _overlaps(records: list[dict[str, Any]], runs: list[Run], grace_ns: int) -> list[Finding]:
-    found = []
+def _overlaps(
+    records: list[dict[str, Any]], runs: list[Run], grace_ns: int
+) -> tuple[list[Finding], list[Finding]]:
+    """The overlaps counted, and those whose older run is a peer's that nothing tells."""
+    found: list[Finding] = []
+    peers: list[Finding] = []
     by_job: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
         by_job[run.job].append(run)
@@ -199,7 +226,8 @@ def _overlaps(records: list[dict[str, Any]], runs: list[Run], grace_ns: int) -> 
                 if both > 0:
                     shown = _run_records(records, older, newer)
                     shown += _faults_between(records, older.start, older.end)
-                    found.append(
+                    stale = older if older.took <= newer.took else newer
+                    (found if stale.watched else peers).append(
                         Finding(
                             f"job {older.job}: run {older.token} ({older.worker}, ended by "
                             f"{older.ended_by}) and run {newer.token} ({newer.worker}) both in "
@@ -207,7 +235,102 @@ def _overlaps(records: list[dict[str, Any]], runs: list[Run], grace_ns: int) -> 
                             _window(shown),
                         )
                     )
+    return found, peers
+
+
+def _surely_after(first: Run, then: Run) -> bool:
+    """Whether ``then`` surely took the job's lock after ``first`` did.
+
+    ``then``'s fetch was sent after ``first``'s run had started, so after
+    ``first``'s lock was taken.
+    """
+    return then.token != first.token and then.taken is not None and first.start < then.taken
+
+
+def _stale_fenced(writes: list[dict[str, Any]]) -> list[Finding]:
+    """Fenced writes accepted after a higher fence, or the same fence of another run."""
+    found: list[Finding] = []
+    highest: dict[str, tuple[int, str]] = {}
+    for write in sorted((w for w in writes if w["store"] == "fenced"), key=lambda w: w["seq"]):
+        job, fence, token = str(write["job"]), int(write["fence"]), str(write["token"])
+        best = highest.get(job)
+        if not write["accepted"]:
+            continue
+        if best is not None and (fence < best[0] or (fence == best[0] and token != best[1])):
+            found.append(
+                Finding(
+                    f"job {job}: fenced store accepted fence {fence} of run {token} after "
+                    f"fence {best[0]} of run {best[1]}",
+                    _window([w for w in writes if w["job"] == job and w["store"] == "fenced"]),
+                )
+            )
+        if best is None or fence > best[0]:
+            highest[job] = (fence, token)
     return found
+
+
+def _stale_guarded(
+    records: list[dict[str, Any]], writes: list[dict[str, Any]], by_job: dict[str, list[Run]]
+) -> list[Finding]:
+    """Guarded writes applied after another run surely took the lock, before the write."""
+    found: list[Finding] = []
+    for write in writes:
+        job, token = str(write["job"]), str(write["token"])
+        if write["store"] != "guarded" or not write["accepted"]:
+            continue
+        for writer in (run for run in by_job[job] if run.token == token):
+            later = [
+                other
+                for other in by_job[job]
+                if _surely_after(writer, other) and other.start < int(write["t0"])
+            ]
+            if later:
+                found.append(
+                    Finding(
+                        f"job {job}: guarded write of run {token} applied after run "
+                        f"{later[0].token} had taken the lock",
+                        _window([*_run_records(records, writer, later[0]), write]),
+                    )
+                )
+    return found
+
+
+def _unrisen_fences(
+    records: list[dict[str, Any]], writes: list[dict[str, Any]], by_job: dict[str, list[Run]]
+) -> list[Finding]:
+    """Runs that surely took a lock after another run but got a fence no higher."""
+    fences = {
+        (str(w["job"]), str(w["token"])): int(w["fence"]) for w in writes if w["store"] == "fenced"
+    }
+    found = []
+    for job, job_runs in by_job.items():
+        for first in job_runs:
+            for then in job_runs:
+                low, high = fences.get((job, first.token)), fences.get((job, then.token))
+                if low is None or high is None or not _surely_after(first, then):
+                    continue
+                if high <= low:
+                    found.append(
+                        Finding(
+                            f"job {job}: run {then.token} took the lock after run "
+                            f"{first.token} but got fence {high}, not above {low}",
+                            _window(_run_records(records, first, then)),
+                        )
+                    )
+    return found
+
+
+def _stale_writes(records: list[dict[str, Any]], runs: list[Run]) -> list[Finding]:
+    """The stale writes accepted, and the fences that did not rise with their holders."""
+    writes = [r for r in records if r.get("kind") == "write"]
+    by_job: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_job[run.job].append(run)
+    return [
+        *_stale_fenced(writes),
+        *_stale_guarded(records, writes, by_job),
+        *_unrisen_fences(records, writes, by_job),
+    ]
 
 
 def _unexplained(records: list[dict[str, Any]], lock_ms: int) -> tuple[int, list[Finding]]:
@@ -294,14 +417,18 @@ def check(
         key=lambda job: (len(job), job),
     )
     losses, unexplained = _unexplained(records, int(lock_ms))
+    overlaps, peer_overlaps = _overlaps(records, runs, grace_ns)
     return Verdict(
         seed=config.get("seed"),
         jobs=len(added),
         runs=len(runs),
         faults=dict(sorted(by_kind.items())),
-        overlaps=_overlaps(records, runs, grace_ns),
+        overlaps=overlaps,
         unexplained_losses=unexplained,
         unfinished=_unfinished(records, runs, added),
+        stale_writes=_stale_writes(records, runs),
+        peer_overlaps=peer_overlaps,
         losses=losses,
         unexpected_exits=sum(1 for r in records if r.get("kind") == "exit"),
+        writes=sum(1 for r in records if r.get("kind") == "write"),
     )

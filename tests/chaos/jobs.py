@@ -3,6 +3,7 @@
 A job is ``steps`` steps of ``step_ms`` each: sleeping, or (``busy``) a tight
 pure-Python loop that keeps the GIL busy and, in the bullmq worker, blocks its
 event loop. Its first ``fail_first`` attempts fail on purpose, so bullmq retries it.
+The ``actors`` workers run a ``lease`` job on a thread holding a lease.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def plan(rng: random.Random, longest_ms: int) -> dict[str, Any]:
         "step_ms": step_ms,
         "busy": rng.random() < 0.3,
         "fail_first": rng.choices((0, 1, 2), weights=(70, 20, 10))[0],
+        # Run as a lease on a thread by the ``actors`` workers (a pykka job actor otherwise).
+        "lease": rng.random() < 0.35,
     }
 
 

@@ -26,10 +26,17 @@ if TYPE_CHECKING:
 
     from tests.faults.proxy import FaultProxy
 
-__all__ = ["KINDS", "MAX_ACTIVE", "Nemesis", "Targets"]
+__all__ = ["KINDS", "MAX_ACTIVE", "TAKES", "Nemesis", "Targets"]
 
 #: Each kind of fault, and how often it is picked against the others.
 KINDS = {"kill": 2, "stop": 2, "redis-stop": 1, "partition": 2, "gil": 2, "child-kill": 1}
+#: The faults each kind of worker takes: a GIL hold needs Python, a child the process mode.
+TAKES = {
+    "thread": ("kill", "stop", "partition", "gil"),
+    "process": ("kill", "stop", "partition", "gil", "child-kill"),
+    "bullmq": ("kill", "stop", "partition", "gil"),
+    "node": ("kill", "stop", "partition"),
+}
 #: Most faults in progress at once.
 MAX_ACTIVE = 2
 
@@ -65,11 +72,11 @@ class Nemesis:
         targets: What the faults act on.
         history: Where each fault is recorded.
         lock_ms: The locks' TTL: fault lengths are 0.2-1.6 of it.
-        bases: The workers' base names.
+        bases: The workers' base names, each with its kind (see :data:`TAKES`).
     """
 
     def __init__(
-        self, seed: int, targets: Targets, history: History, lock_ms: int, bases: list[str]
+        self, seed: int, targets: Targets, history: History, lock_ms: int, bases: dict[str, str]
     ) -> None:
         self.rng = random.Random(seed)
         self.targets, self.history, self.lock_s = targets, history, lock_ms / 1000
@@ -101,10 +108,8 @@ class Nemesis:
                 free = [base for base in self.bases if base not in self._busy]
                 if kind == "redis-stop":
                     choices = ["redis"] if "redis" not in self._busy else []
-                elif kind == "child-kill":
-                    choices = [base for base in free if base == "process"]
                 else:
-                    choices = free
+                    choices = [base for base in free if kind in TAKES[self.bases[base]]]
                 if not choices:
                     continue
                 target = self.rng.choice(choices)

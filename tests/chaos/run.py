@@ -1,11 +1,12 @@
 """The chaos run: ``python -m tests.chaos.run`` (``CHAOS_SECONDS``, default 600; ``CHAOS_SEED``).
 
-A private server, one fault proxy per worker, three workers (``thread``,
-``process``: ``actors`` managers with pykka job actors; ``bullmq``: bullmq-py
-with ``use_actor_lock_manager``), each its own OS process; a producer keeps
-the queue fed and a :class:`~tests.chaos.nemesis.Nemesis` faults them. Then
-every fault is healed, the queue drained, the workers stopped, and the history
-checked (:mod:`tests.chaos.checker`). Prints a table; exits 1 on any nonzero count.
+A private server, one fault proxy per worker, four workers (``thread``,
+``process``: ``actors`` managers with pykka job actors and leases; ``bullmq``:
+bullmq-py with ``use_actor_lock_manager``; ``node``: BullMQ for Node.js, where
+``node`` is on PATH), each its own OS process; a producer keeps the queue fed
+and a :class:`~tests.chaos.nemesis.Nemesis` faults them. Then every fault is
+healed, the queue drained, the workers stopped, and the history checked
+(:mod:`tests.chaos.checker`). Prints a table; exits 1 on any nonzero count.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,19 +30,31 @@ import redis
 from bullmq import Queue
 
 from actors.embedded import EmbeddedServer
+from tests.chaos import store
 from tests.chaos.checker import Verdict, check
 from tests.chaos.history import History, now, read_history
 from tests.chaos.jobs import MAX_STEP_MS, plan
 from tests.chaos.nemesis import KINDS, Nemesis
 from tests.faults.proxy import FaultProxy
+from tests.interop import node_packages
+from tests.interop.peers import NODE_DIR
 from tests.support.server import default_engine
 
 __all__ = ["Settings", "main", "report", "run"]
 
 ROOT = Path(__file__).resolve().parents[2]
 QUEUE = "chaos"
-#: The workers: base name -> kind (an ``actors`` isolation mode, or ``"bullmq"``).
-WORKERS = {"thread": "thread", "process": "process", "bullmq": "bullmq"}
+#: The workers: base name -> kind (an ``actors`` isolation mode, ``"bullmq"`` or ``"node"``).
+WORKERS = {"thread": "thread", "process": "process", "bullmq": "bullmq", "node": "node"}
+#: The Node.js worker's script.
+NODE_WORKER = Path(__file__).resolve().parent / "node_worker.mjs"
+
+
+def workers() -> dict[str, str]:
+    """The workers of this machine's run: the Node.js one only where ``node`` is on PATH."""
+    if shutil.which("node") is None:
+        return {base: kind for base, kind in WORKERS.items() if kind != "node"}
+    return dict(WORKERS)
 
 
 @dataclass(frozen=True)
@@ -104,6 +118,9 @@ class Runner:
     def __post_init__(self) -> None:
         for sub in ("history", "control", "logs"):
             (self.folder / sub).mkdir(parents=True, exist_ok=True)
+        self.kinds = workers()
+        self.store = self.folder / "fenced.sqlite"
+        store.create(self.store)
         self.history = History(self.folder / "history" / "runner.jsonl")
         self.server = EmbeddedServer(default_engine())
         self._guard = threading.Lock()
@@ -148,7 +165,7 @@ class Runner:
             incarnation = f"{base}#{self._serial}"
         s = self.settings
         options = {
-            "kind": WORKERS[base],
+            "kind": self.kinds[base],
             "worker": incarnation,
             "base": base,
             "url": self.proxies[base].url,
@@ -159,17 +176,19 @@ class Runner:
             "stalled_ms": s.stalled_ms,
             "safety_margin_ms": s.safety_margin_ms,
             "concurrency": s.concurrency,
+            "store": str(self.store),
+            "node_dir": str(NODE_DIR),
         }
+        if self.kinds[base] == "node":
+            node = shutil.which("node") or "node"
+            command = [node, str(NODE_WORKER), json.dumps(options)]
+        else:
+            command = [sys.executable, "-m", "tests.chaos.worker", json.dumps(options)]
         log = (self.folder / "logs" / f"{incarnation}.log").open("wb")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tests.chaos.worker", json.dumps(options)],
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         with self._guard:
-            self.workers[base] = Worker(base, WORKERS[base], incarnation, process)
+            self.workers[base] = Worker(base, self.kinds[base], incarnation, process)
 
     def _supervise(self) -> None:
         """Restart a worker that exited on its own, and record the exit."""
@@ -188,7 +207,7 @@ class Runner:
 
     def _produce(self, direct: redis.Redis, until: float) -> None:
         rng = random.Random(self.settings.seed + 1)
-        backlog = 2 * self.settings.concurrency * len(WORKERS)
+        backlog = 2 * self.settings.concurrency * len(self.kinds)
 
         async def produce() -> None:
             queue = Queue(QUEUE, {"connection": self.server.url, "prefix": "bull"})
@@ -232,11 +251,13 @@ class Runner:
             concurrency=s.concurrency,
             t=now(),
         )
+        if "node" in self.kinds.values():
+            node_packages.ensure()
         self.server.start()
         direct = redis.Redis.from_url(self.server.url, socket_timeout=30, decode_responses=True)
         supervisor = threading.Thread(target=self._supervise, name="supervisor", daemon=True)
         try:
-            for base in WORKERS:
+            for base in self.kinds:
                 self.proxies[base] = FaultProxy(self.server.host, self.server.port).start()
                 self.spawn(base)
             supervisor.start()
@@ -245,7 +266,7 @@ class Runner:
                 target=self._produce, args=(direct, until), name="producer", daemon=True
             )
             producer.start()
-            nemesis = Nemesis(s.seed, self, self.history, s.lock_ms, list(WORKERS))
+            nemesis = Nemesis(s.seed, self, self.history, s.lock_ms, self.kinds)
             nemesis.start()
             producer.join()
             nemesis.stop()
@@ -274,7 +295,7 @@ class Runner:
         self._done.set()
         if supervisor.is_alive():
             supervisor.join()
-        for base in WORKERS:
+        for base in self.kinds:
             (self.folder / "control" / f"{base}.stop").touch()
         deadline = time.monotonic() + 4 * self.settings.lock_ms / 1000 + 10
         for worker in self.workers.values():
@@ -301,12 +322,12 @@ def report(verdict: Verdict, seconds: float, *, shown: int = 3) -> str:
         ("jobs", verdict.jobs),
         ("runs", verdict.runs),
         ("runs told of a loss (or refused a move)", verdict.losses),
+        ("writes (fenced and guarded)", verdict.writes),
         ("worker exits nobody caused", verdict.unexpected_exits),
+        ("overlaps a Node.js run was left in (not counted)", len(verdict.peer_overlaps)),
     ]
     rows += [(f"faults: {kind}", verdict.faults.get(kind, 0)) for kind in KINDS]
-    rows += [
-        (name, "not checked" if count is None else count) for name, count in verdict.counts.items()
-    ]
+    rows += list(verdict.counts.items())
     lines = ["| | |", "|---|---:|", *(f"| {name} | {value} |" for name, value in rows)]
     if not verdict.ok:
         lines.append(f"\nFAILED with CHAOS_SEED={verdict.seed}")
@@ -314,6 +335,7 @@ def report(verdict: Verdict, seconds: float, *, shown: int = 3) -> str:
             ("overlaps", verdict.overlaps),
             ("unexplained losses", verdict.unexplained_losses),
             ("unfinished jobs", verdict.unfinished),
+            ("stale writes accepted", verdict.stale_writes),
         ):
             for finding in findings[:shown]:
                 lines.append(f"\n{title}: {finding.what}")

@@ -1,17 +1,22 @@
 """One chaos worker, a process of its own: ``python -m tests.chaos.worker SETTINGS_JSON``.
 
-Three kinds share the queue:
+Three kinds share the queue (a fourth, BullMQ for Node.js, is ``node_worker.mjs``):
 
 - ``"thread"`` and ``"process"``: an ``actors`` manager in that isolation mode
   renews the locks; a bullmq-py ``Worker`` without autorun takes jobs by hand
   (``getNextJob``) and runs BullMQ's stalled check; each job is a pykka actor
   tracked with ``notify=self.actor_ref``, working one step per message, told
-  ``LockLost`` in its mailbox;
+  ``LockLost`` in its mailbox, or (a job planned ``lease``) a thread holding a
+  :func:`actors.lease`, checking it between steps;
 - ``"bullmq"``: a running bullmq-py ``Worker`` at ``concurrency`` > 1 with
   ``use_actor_lock_manager``; its processor reads ``signal.aborted`` between steps.
 
-Each run's ``started`` / ``lost`` / ``finished`` goes to the worker's history
-file. SIGUSR1 holds the GIL in C code (a backtracking ``re`` match) for the
+Each run takes a fence once started, and writes its result to both stores of
+:mod:`tests.chaos.store` before its move. Each run's ``started`` (with
+``taken``: the job's ``processedOn``, when its fetch was sent) / ``lost`` /
+``finished`` and each write goes to the worker's history file.
+
+SIGUSR1 holds the GIL in C code (a backtracking ``re`` match) for the
 seconds written in ``CONTROL/BASE.gil``, and records that fault; the worker
 stops once ``CONTROL/BASE.stop`` exists and its jobs are done.
 """
@@ -33,13 +38,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pykka
+import redis
+import redis.asyncio
 from bullmq import Worker
 
-from actors import LockLost, QueueKeys, start_link, stop, track_job, untrack_job
+import actors
+from actors import LockLost, QueueKeys, lease, start_link, stop, track_job, untrack_job
 from actors.bullmq import use_actor_lock_manager
 from tests.bullmq.burn import backtrack, size_for
 from tests.chaos.history import History, now
 from tests.chaos.jobs import busy
+from tests.chaos.store import write_fenced, write_guarded, write_guarded_async
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -75,6 +84,30 @@ class Context:
         self.sent: dict[tuple[str, str], int] = {}
         self.guard = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.keys = QueueKeys(str(settings["queue"]), prefix=PREFIX)
+        self.store = Path(settings["store"])
+        #: Through the worker's proxy, bounded: a partition fails a call, never hangs it.
+        self.client = redis.Redis.from_url(
+            settings["url"], socket_timeout=1, socket_connect_timeout=1
+        )
+
+    def fields(self, job: Any, token: str) -> dict[str, Any]:
+        """What every record of the run ``token`` of ``job`` names."""
+        with self.guard:
+            attempt = self.attempts.get((str(job.id), token), 0)
+        return {"attempt": attempt, "worker": self.worker, "base": self.base}
+
+    def write(self, job: Any, token: str, fence: int | None) -> bool:
+        """Write the run's result to both stores; ``False`` if one refused it (lock lost).
+
+        Without a fence (the server could not be reached) only the guarded
+        write is tried; a fault that fails a write skips it.
+        """
+        run, job_id = self.fields(job, token), str(job.id)
+        with contextlib.suppress(redis.RedisError):
+            if not write_guarded(self.client, self.keys, self.history, run, job_id, token):
+                return False
+        return fence is None or write_fenced(self.store, self.history, run, job_id, token, fence)
 
     def record(
         self, event: str, job: Any, token: str, *, t: int | None = None, **more: Any
@@ -88,6 +121,9 @@ class Context:
         with self.guard:
             if event == "started":
                 self.attempts[run] = int(job.attemptsMade) + 1
+                processed = getattr(job, "processedOn", None)
+                if processed:
+                    more["taken"] = int(processed) * 1_000_000
             elif run in self.ended and more.get("outcome") != "completed":
                 return
             else:
@@ -158,6 +194,7 @@ class JobRun(pykka.ThreadingActor):
         self.taken_ms = taken_ms
         self.left = int(job.data["steps"])
         self.over = self.moving = False
+        self.fence: int | None = None
 
     def on_start(self) -> None:
         # Stamped with the time the fetch was sent: the lock is no older than that.
@@ -166,6 +203,21 @@ class JobRun(pykka.ThreadingActor):
         )
         self.ctx.record("started", self.job, self.token)
         self.actor_ref.tell("step")
+
+    def take_fence(self) -> bool:
+        """Take the run's fence if it has none yet; ``False`` if the lock is not the run's."""
+        if self.fence is None:
+            try:
+                self.fence = actors.fence(
+                    self.ctx.client, self.ctx.keys, str(self.job.id), self.token
+                )
+            except LockLost as lost:
+                self.ctx.record("lost", self.job, self.token, reason=f"fence: {lost.reason}")
+                self.end()
+                return False
+            except redis.RedisError:
+                pass  # a fault in the way: the next step tries again
+        return True
 
     def on_receive(self, message: Any) -> None:
         if self.over:
@@ -182,7 +234,7 @@ class JobRun(pykka.ThreadingActor):
                 outcome = "failed" if message.failing else "completed"
                 self.ctx.record("finished", self.job, self.token, t=message.sent, outcome=outcome)
             self.end()
-        elif self.moving:
+        elif self.moving or not self.take_fence():
             return
         elif self.left > 0:
             seconds = int(self.job.data["step_ms"]) / 1000
@@ -195,6 +247,10 @@ class JobRun(pykka.ThreadingActor):
     def finish(self) -> None:
         job, token, ctx = self.job, self.token, self.ctx
         failing = int(job.attemptsMade) < int(job.data["fail_first"])
+        if not failing and not ctx.write(job, token, self.fence):
+            ctx.record("lost", job, token, reason="write refused")
+            self.end()
+            return
         move = (
             job.moveToFailed(Designed(token), token, False)
             if failing
@@ -218,6 +274,50 @@ class JobRun(pykka.ThreadingActor):
         with self.ctx.guard:
             self.ctx.inflight.discard(self.token)
         self.stop()
+
+
+def run_leased(ctx: Context, manager: ManagerRef, job: Any, token: str, taken_ms: int) -> None:
+    """One run of one job on a thread of its own, holding a lease and checking it between steps.
+
+    Its last act is sending bullmq's move, as :class:`JobRun`'s.
+    """
+    job_id, steps = str(job.id), int(job.data["steps"])
+    seconds = int(job.data["step_ms"]) / 1000
+    try:
+        with lease(manager, job_id, token, ts=taken_ms) as held:
+            ctx.record("started", job, token)
+            fence: int | None = None
+            for _ in range(steps):
+                held.check()
+                if fence is None:
+                    with contextlib.suppress(redis.RedisError):  # a fault: try at the next step
+                        fence = held.fence
+                busy(seconds) if job.data["busy"] else time.sleep(seconds)
+            held.check()
+            failing = int(job.attemptsMade) < int(job.data["fail_first"])
+            if not failing and not ctx.write(job, token, fence):
+                ctx.record("lost", job, token, reason="write refused")
+                return
+            move = (
+                job.moveToFailed(Designed(token), token, False)
+                if failing
+                else job.moveToCompleted(token, token, False)
+            )
+            assert ctx.loop is not None
+            sent = now()
+            try:
+                asyncio.run_coroutine_threadsafe(move, ctx.loop).result()
+            except Exception as error:
+                reason = f"move refused: {type(error).__name__}"
+                ctx.record("lost", job, token, t=sent, reason=reason)
+            else:
+                outcome = "failed" if failing else "completed"
+                ctx.record("finished", job, token, t=sent, outcome=outcome)
+    except LockLost as lost:
+        ctx.record("lost", job, token, reason=lost.reason)
+    finally:
+        with ctx.guard:
+            ctx.inflight.discard(token)
 
 
 async def run_actor_worker(ctx: Context, isolation: str) -> None:
@@ -260,7 +360,11 @@ async def run_actor_worker(ctx: Context, isolation: str) -> None:
             continue
         with ctx.guard:
             ctx.inflight.add(token)
-        JobRun.start(ctx, manager, job, token, taken_ms)
+        if job.data.get("lease"):
+            args = (ctx, manager, job, token, taken_ms)
+            threading.Thread(target=run_leased, args=args, name=f"lease-{job.id}").start()
+        else:
+            JobRun.start(ctx, manager, job, token, taken_ms)
     await drain(ctx)
     checker.cancel()
     stop(manager)
@@ -270,12 +374,25 @@ async def run_bullmq_worker(ctx: Context) -> None:
     """A running bullmq-py worker whose locks ``use_actor_lock_manager`` renews."""
     settings = ctx.settings
 
+    aclient = redis.asyncio.Redis.from_url(
+        settings["url"], socket_timeout=1, socket_connect_timeout=1
+    )
+
     async def process(job: Any, token: str, abort: Any) -> str:
         ctx.record("started", job, token)
         with ctx.guard:
             ctx.inflight.add(token)
+        job_id, run, fence = str(job.id), ctx.fields(job, token), None
         try:
             for _ in range(int(job.data["steps"])):
+                if fence is None:
+                    try:
+                        fence = await actors.fence(aclient, ctx.keys, job_id, token)
+                    except LockLost as lost:
+                        ctx.record("lost", job, token, reason=f"fence: {lost.reason}")
+                        raise Abandoned(token) from None
+                    except redis.RedisError:
+                        pass  # a fault in the way: the next step tries again
                 seconds = int(job.data["step_ms"]) / 1000
                 if job.data["busy"]:
                     busy(seconds)  # blocks the event loop
@@ -284,9 +401,22 @@ async def run_bullmq_worker(ctx: Context) -> None:
                 if abort.aborted:
                     ctx.record("lost", job, token, reason=str(abort.reason))
                     raise Abandoned(token)
+            failing = int(job.attemptsMade) < int(job.data["fail_first"])
+            if not failing:
+                with contextlib.suppress(redis.RedisError):
+                    if not await write_guarded_async(
+                        aclient, ctx.keys, ctx.history, run, job_id, token
+                    ):
+                        ctx.record("lost", job, token, reason="write refused")
+                        raise Abandoned(token)
+                if fence is not None and not write_fenced(
+                    ctx.store, ctx.history, run, job_id, token, fence
+                ):
+                    ctx.record("lost", job, token, reason="write refused")
+                    raise Abandoned(token)
             with ctx.guard:
-                ctx.sent[(str(job.id), token)] = now()
-            if int(job.attemptsMade) < int(job.data["fail_first"]):
+                ctx.sent[(job_id, token)] = now()
+            if failing:
                 raise Designed(token)
             return token
         finally:

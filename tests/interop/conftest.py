@@ -8,12 +8,7 @@ them.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
 import shutil
-import subprocess
-import tempfile
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,9 +16,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 from actors import ManagerRef, QueueKeys
+from tests.interop.node_packages import ensure as node_packages_ensure
 from tests.interop.peers import (
     LOCK_MS,
-    NODE_DIR,
     PREFIX,
     RENEW_MS,
     NodePeer,
@@ -37,31 +32,6 @@ if TYPE_CHECKING:
     import redis
 
     from tests.conftest import Server, StartManager
-
-#: Longest time ``npm install`` may take, in seconds.
-NPM_INSTALL_TIMEOUT_S = 300
-
-
-def _pinned_versions() -> dict[str, str]:
-    manifest = json.loads((NODE_DIR / "package.json").read_text(encoding="utf-8"))
-    pins: dict[str, str] = manifest["dependencies"]
-    return pins
-
-
-def _installed_version(package: str) -> str | None:
-    manifest = NODE_DIR / "node_modules" / package / "package.json"
-    if not manifest.is_file():
-        return None
-    version: str = json.loads(manifest.read_text(encoding="utf-8"))["version"]
-    return version
-
-
-def _stale_packages() -> list[str]:
-    return [
-        f"{package}@{pin} (found {_installed_version(package) or 'nothing'})"
-        for package, pin in _pinned_versions().items()
-        if _installed_version(package) != pin
-    ]
 
 
 @pytest.fixture(scope="session")
@@ -80,39 +50,13 @@ def node_executable() -> str:
 def node_packages(node_executable: str) -> Path:
     """``node/node_modules`` holding the pinned ``bullmq`` and ``ioredis``.
 
-    Runs ``npm install --no-audit --no-fund`` (which follows the committed
-    lock file) when a pinned package is missing or at another version. A
+    Installed on first use (:func:`tests.interop.node_packages.ensure`). A
     failed install fails the test: only a missing ``node`` skips.
     """
-    # Parallel test runs share the folder: one installs, the others wait.
-    digest = hashlib.sha1(str(NODE_DIR).encode()).hexdigest()[:12]
-    lock_path = Path(tempfile.gettempdir()) / f"echomq-interop-npm-{digest}.lock"
-    with lock_path.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if _stale_packages():
-            npm = shutil.which("npm")
-            if npm is None:
-                pytest.fail(f"`node` is at {node_executable} but `npm` is not on PATH")
-            try:
-                result = subprocess.run(
-                    [npm, "install", "--no-audit", "--no-fund"],
-                    cwd=NODE_DIR,
-                    capture_output=True,
-                    text=True,
-                    timeout=NPM_INSTALL_TIMEOUT_S,
-                    check=False,
-                )
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"npm install in {NODE_DIR} took over {NPM_INSTALL_TIMEOUT_S}s")
-            if result.returncode != 0:
-                pytest.fail(
-                    f"npm install in {NODE_DIR} failed ({result.returncode}):\n"
-                    f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
-                )
-            stale = _stale_packages()
-            if stale:
-                pytest.fail(f"npm install in {NODE_DIR} left wrong versions: {', '.join(stale)}")
-    return NODE_DIR / "node_modules"
+    try:
+        return node_packages_ensure()
+    except RuntimeError as error:
+        pytest.fail(f"{error} (node is at {node_executable})")
 
 
 @pytest.fixture
