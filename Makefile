@@ -16,9 +16,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m examples.demo
 
-## test: lint, type-check, build the docs and run the whole suite
+## test: lint, type-check, build the docs, run the whole suite, then the 45-second chaos run alone
 test: lint typecheck docs
 	$(BIN)/python -m pytest -n 2 --timeout 600
+	$(BIN)/python -m pytest -m chaos -p no:randomly --timeout 600 tests/chaos
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

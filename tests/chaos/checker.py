@@ -18,7 +18,10 @@ reads Redis or a clock.
 - **Unexplained losses.** A ``lost`` whose time is in no fault window on its
   worker (or on Redis) stretched by ``lock_ms`` after the fault's end.
 - **Unfinished jobs.** An added job with no ``finished``/``completed`` run, or
-  whose final state is not ``completed``, or with a run never ended.
+  whose final state is not ``completed``, or with a run never ended; except a
+  job a ``redis-restart`` wiped (its final state ``"wiped"``, a restart after
+  it was added), counted apart. A job is its id and its ``created`` time,
+  where records give it: a server restarted empty hands out ids again.
 - **Stale writes accepted.** A run writes its result through a fenced
   store and a guarded write (:mod:`tests.chaos.store`). Counted: a fenced
   write accepted after the store took a higher fence, or the same fence from
@@ -90,6 +93,8 @@ class Verdict:
     unexpected_exits: int = 0
     #: Writes made: fenced, guarded.
     writes: int = 0
+    #: Jobs a restart of the server wiped before any run completed them.
+    wiped: int = 0
 
     @property
     def counts(self) -> dict[str, int]:
@@ -367,12 +372,48 @@ def _unexplained(records: list[dict[str, Any]], lock_ms: int) -> tuple[int, list
     return losses, found
 
 
-def _unfinished(records: list[dict[str, Any]], runs: list[Run], added: list[str]) -> list[Finding]:
-    completed = {
+def _named(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records with each job named by its id and ``created`` time, where known."""
+    return [
+        {**r, "job": f"{r['job']}@{r['created']}"} if "job" in r and "created" in r else r
+        for r in records
+    ]
+
+
+def _wiped(records: list[dict[str, Any]], added: list[str]) -> set[str]:
+    """The jobs a server restart wiped, completed or not: added before one, left ``"wiped"``."""
+    restarts = [
+        int(r["start"])
+        for r in records
+        if r.get("kind") == "fault" and r.get("fault") == "redis-restart"
+    ]
+    when = {
+        str(r["job"]): _t(r) for r in records if r.get("kind") == "job" and r["event"] == "added"
+    }
+    final = {
+        str(r["job"]): str(r["state"])
+        for r in records
+        if r.get("kind") == "job" and r["event"] == "final"
+    }
+    return {
+        job
+        for job in added
+        if final.get(job) == "wiped" and any(at > when.get(job, at) for at in restarts)
+    }
+
+
+def _completed(records: list[dict[str, Any]]) -> set[str]:
+    return {
         str(r["job"])
         for r in records
         if r.get("kind") == "run" and r["event"] == "finished" and r.get("outcome") == "completed"
     }
+
+
+def _unfinished(
+    records: list[dict[str, Any]], runs: list[Run], added: list[str], wiped: set[str]
+) -> list[Finding]:
+    completed = _completed(records)
     final = {
         str(r["job"]): str(r["state"])
         for r in records
@@ -382,9 +423,9 @@ def _unfinished(records: list[dict[str, Any]], runs: list[Run], added: list[str]
     found = []
     for job in added:
         problems = []
-        if job not in completed:
+        if job not in completed and job not in wiped:
             problems.append("no run finished it")
-        if final.get(job, "unknown") != "completed":
+        if final.get(job, "unknown") != "completed" and job not in wiped:
             problems.append(f"final state {final.get(job, 'unknown')}")
         if job in open_runs:
             problems.append(f"run {open_runs[job].token} never ended")
@@ -407,6 +448,7 @@ def check(
     if lock_ms is None:
         raise ValueError("lock_ms: give it, or a config record")
     grace_ns = int(grace_ms if grace_ms is not None else config.get("grace_ms", 0)) * 1_000_000
+    records = _named(records)
     runs = build_runs(records)
     by_kind: dict[str, int] = defaultdict(int)
     for record in records:
@@ -418,6 +460,7 @@ def check(
     )
     losses, unexplained = _unexplained(records, int(lock_ms))
     overlaps, peer_overlaps = _overlaps(records, runs, grace_ns)
+    wiped = _wiped(records, added)
     return Verdict(
         seed=config.get("seed"),
         jobs=len(added),
@@ -425,10 +468,11 @@ def check(
         faults=dict(sorted(by_kind.items())),
         overlaps=overlaps,
         unexplained_losses=unexplained,
-        unfinished=_unfinished(records, runs, added),
+        unfinished=_unfinished(records, runs, added, wiped),
         stale_writes=_stale_writes(records, runs),
         peer_overlaps=peer_overlaps,
         losses=losses,
         unexpected_exits=sum(1 for r in records if r.get("kind") == "exit"),
         writes=sum(1 for r in records if r.get("kind") == "write"),
+        wiped=len(wiped - _completed(records)),
     )

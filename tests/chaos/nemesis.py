@@ -1,10 +1,12 @@
 """The nemesis: seeded faults, alone and overlapping, each recorded with its start and end.
 
 Kinds: ``kill`` (SIGKILL a worker, restart it), ``stop`` (SIGSTOP/SIGCONT a
-worker), ``redis-stop`` (SIGSTOP/SIGCONT the server), ``partition`` (a
+worker), ``redis-stop`` (SIGSTOP/SIGCONT the server), ``redis-restart`` (kill
+the server and start it again empty: every key is gone), ``partition`` (a
 worker's proxy black-holes its traffic), ``gil`` (the worker holds the GIL in
-C code; the worker records that fault itself, as measured) and ``child-kill``
-(SIGKILL the child of the process-mode manager; it ends once a new child runs).
+C code; the worker records that fault itself, as measured), ``child-kill``
+(SIGKILL the child of the process-mode manager; it ends once a new child
+runs) and ``child-stop`` (SIGSTOP/SIGCONT that child).
 One fault at a time per target; up to :data:`MAX_ACTIVE` at once.
 """
 
@@ -29,11 +31,20 @@ if TYPE_CHECKING:
 __all__ = ["KINDS", "MAX_ACTIVE", "TAKES", "Nemesis", "Targets"]
 
 #: Each kind of fault, and how often it is picked against the others.
-KINDS = {"kill": 2, "stop": 2, "redis-stop": 1, "partition": 2, "gil": 2, "child-kill": 1}
+KINDS = {
+    "kill": 2,
+    "stop": 2,
+    "redis-stop": 1,
+    "redis-restart": 1,
+    "partition": 2,
+    "gil": 2,
+    "child-kill": 1,
+    "child-stop": 1,
+}
 #: The faults each kind of worker takes: a GIL hold needs Python, a child the process mode.
 TAKES = {
     "thread": ("kill", "stop", "partition", "gil"),
-    "process": ("kill", "stop", "partition", "gil", "child-kill"),
+    "process": ("kill", "stop", "partition", "gil", "child-kill", "child-stop"),
     "bullmq": ("kill", "stop", "partition", "gil"),
     "node": ("kill", "stop", "partition"),
 }
@@ -57,6 +68,10 @@ class Targets(Protocol):
 
     def server_pid(self) -> int:
         """The server's pid."""
+        ...
+
+    def restart_server(self, down_s: float) -> tuple[int, int]:
+        """Kill the server, start it again empty ``down_s`` later: (killed, answering)."""
         ...
 
     def control(self) -> Path:
@@ -106,7 +121,7 @@ class Nemesis:
                 if len(self._busy) >= MAX_ACTIVE:
                     continue
                 free = [base for base in self.bases if base not in self._busy]
-                if kind == "redis-stop":
+                if kind.startswith("redis-"):
                     choices = ["redis"] if "redis" not in self._busy else []
                 else:
                     choices = [base for base in free if kind in TAKES[self.bases[base]]]
@@ -159,6 +174,17 @@ class Nemesis:
         time.sleep(length)
         os.kill(pid, signal.SIGCONT)
         self._record(kind, target, start)
+
+    def _redis_restart(self, target: str, length: float) -> None:
+        killed, _ = self.targets.restart_server(min(length, 2.0))
+        # From the kill to the first answer of the empty server.
+        self._record("redis-restart", target, killed)
+
+    def _child_stop(self, base: str, length: float) -> None:
+        pid = self.targets.pid(base)
+        found = children(pid) if pid is not None else []
+        if found:
+            self._pause("child-stop", base, found[0], length)
 
     def _partition(self, base: str, length: float) -> None:
         proxy = self.targets.proxies[base]

@@ -42,6 +42,7 @@ function record(event, job, token, more = {}) {
     worker: settings.worker,
     base: settings.base,
     watched: false,
+    created: job.timestamp,
     t: now(),
     ...more,
   });

@@ -113,7 +113,8 @@ class Runner:
     folder: Path
     proxies: dict[str, FaultProxy] = field(default_factory=dict)
     workers: dict[str, Worker] = field(default_factory=dict)
-    added: list[str] = field(default_factory=list)
+    #: Each job added: its id and ``timestamp`` (a restart empty hands out ids again).
+    added: list[tuple[str, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for sub in ("history", "control", "logs"):
@@ -213,20 +214,33 @@ class Runner:
             queue = Queue(QUEUE, {"connection": self.server.url, "prefix": "bull"})
             try:
                 while time.monotonic() < until:
-                    if int(direct.llen(f"bull:{QUEUE}:wait")) < backlog:
+                    try:
+                        waiting = int(direct.llen(f"bull:{QUEUE}:wait"))
+                        if waiting >= backlog:
+                            await asyncio.sleep(0.05)
+                            continue
                         data = plan(rng, self.settings.longest_ms)
                         job = await queue.add("chaos", data, {"attempts": 1000})
-                        self.added.append(str(job.id))
-                        self.history.write(kind="job", event="added", job=str(job.id), t=now())
-                    else:
-                        await asyncio.sleep(0.05)
+                    except (redis.RedisError, OSError):
+                        await asyncio.sleep(0.1)  # the server is being restarted
+                        continue
+                    self.added.append((str(job.id), int(job.timestamp)))
+                    self.history.write(
+                        kind="job",
+                        event="added",
+                        job=str(job.id),
+                        created=int(job.timestamp),
+                        t=now(),
+                    )
             finally:
                 await queue.close()
 
         asyncio.run(produce())
 
-    def _state(self, direct: redis.Redis, job: str) -> str:
+    def _state(self, direct: redis.Redis, job: str, created: int) -> str:
         base = f"bull:{QUEUE}"
+        if direct.hget(f"{base}:{job}", "timestamp") != str(created):
+            return "wiped"  # by a restart: the id is another job's now, or nobody's
         for state in ("completed", "failed", "delayed", "prioritized"):
             if direct.zscore(f"{base}:{state}", job) is not None:
                 return state
@@ -271,9 +285,14 @@ class Runner:
             producer.join()
             nemesis.stop()
             self._drain(direct)
-            for job in self.added:
+            for job, created in self.added:
                 self.history.write(
-                    kind="job", event="final", job=job, state=self._state(direct, job), t=now()
+                    kind="job",
+                    event="final",
+                    job=job,
+                    created=created,
+                    state=self._state(direct, job, created),
+                    t=now(),
                 )
         finally:
             self._stop_workers(supervisor)
@@ -287,9 +306,27 @@ class Runner:
     def _drain(self, direct: redis.Redis) -> None:
         deadline = time.monotonic() + self.settings.drain_s
         while time.monotonic() < deadline:
-            if int(direct.zcard(f"bull:{QUEUE}:completed")) >= len(self.added):
+            if not self._left(direct):
                 return
             time.sleep(0.1)
+
+    def _left(self, direct: redis.Redis) -> int:
+        """How many jobs the server still has to run (any that a restart did not wipe)."""
+        base = f"bull:{QUEUE}"
+        try:
+            return sum(
+                int(direct.llen(f"{base}:{state}")) for state in ("wait", "active", "paused")
+            ) + sum(int(direct.zcard(f"{base}:{state}")) for state in ("delayed", "prioritized"))
+        except redis.RedisError:
+            return 1
+
+    def restart_server(self, down_s: float) -> tuple[int, int]:
+        """Kill the server, start it again empty ``down_s`` later: (killed, answering)."""
+        killed = now()
+        self.server.kill()
+        time.sleep(down_s)
+        self.server.start()
+        return killed, now()
 
     def _stop_workers(self, supervisor: threading.Thread) -> None:
         self._done.set()
@@ -323,6 +360,7 @@ def report(verdict: Verdict, seconds: float, *, shown: int = 3) -> str:
         ("runs", verdict.runs),
         ("runs told of a loss (or refused a move)", verdict.losses),
         ("writes (fenced and guarded)", verdict.writes),
+        ("jobs wiped by a restart of the server (not counted)", verdict.wiped),
         ("worker exits nobody caused", verdict.unexpected_exits),
         ("overlaps a Node.js run was left in (not counted)", len(verdict.peer_overlaps)),
     ]

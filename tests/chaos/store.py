@@ -54,9 +54,20 @@ def result_key(keys: QueueKeys, job_id: str) -> str:
 
 
 def write_fenced(
-    path: Path, history: History, run: dict[str, Any], job_id: str, token: str, fence: int
+    path: Path,
+    history: History,
+    run: dict[str, Any],
+    job_id: str,
+    token: str,
+    fence: int,
+    *,
+    row: str,
 ) -> bool:
-    """Write the run's result to the fenced store; record and return whether it was accepted."""
+    """Write the run's result to the fenced store; record and return whether it was accepted.
+
+    ``row`` is the store's key for the job: its id and creation time, as the
+    Fencing guide keys a store (a server restarted empty hands out ids again).
+    """
     t0 = now()
     db = sqlite3.connect(path, timeout=LOCK_WAIT_S, isolation_level=None)
     try:
@@ -64,11 +75,11 @@ def write_fenced(
         accepted = db.execute(
             "INSERT INTO fenced VALUES (?, ?, ?) ON CONFLICT(job) DO UPDATE SET "
             "fence = excluded.fence, token = excluded.token WHERE excluded.fence >= fenced.fence",
-            (job_id, fence, token),
+            (row, fence, token),
         ).rowcount
         seq = db.execute(
             "INSERT INTO log (job, token, fence, accepted) VALUES (?, ?, ?, ?)",
-            (job_id, token, fence, accepted),
+            (row, token, fence, accepted),
         ).lastrowid
         db.execute("COMMIT")
     finally:

@@ -2,7 +2,8 @@
 
 The long run is ``make chaos`` (``python -m tests.chaos.run``); this one keeps
 the same workers, nemesis and checker, and sizes its locks for a loaded
-two-core machine (5 s TTL, 1.5 s safety margin).
+two-core machine (5 s TTL, 1.5 s safety margin). ``make test`` runs it after
+the suite, alone: its workers are timed processes of their own.
 """
 
 from __future__ import annotations

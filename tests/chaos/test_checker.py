@@ -348,3 +348,34 @@ def test_a_run_that_took_the_lock_later_with_no_higher_fence_is_counted() -> Non
     same = write("fenced", "1", "b", 6100, accepted=True, fence=3, seq=2)
     found = check([*records, same]).stale_writes
     assert any("not above" in finding.what for finding in found)
+
+
+def test_a_job_id_handed_out_again_after_a_restart_is_another_job() -> None:
+    # The server restarted empty: id "1" of the first server is wiped, the second's is new.
+    first: dict[str, Any] = {"created": 100}
+    second: dict[str, Any] = {"created": 9000}
+    records = [
+        CONFIG,
+        {"kind": "job", "event": "added", "job": "1", "t": 0, **first},
+        {"kind": "job", "event": "added", "job": "1", "t": 9000 * MS, **second},
+        fault("redis-restart", "redis", 5000, 6000),
+        run("started", "1", "a", 10, **first),
+        run("lost", "1", "a", 6200, reason="expired", **first),
+        run("started", "1", "b", 9100, **second),
+        run("finished", "1", "b", 9500, outcome="completed", **second),
+        {"kind": "job", "event": "final", "job": "1", "state": "wiped", "t": 99_000 * MS, **first},
+        {
+            "kind": "job",
+            "event": "final",
+            "job": "1",
+            "state": "completed",
+            "t": 99_000 * MS,
+            **second,
+        },
+    ]
+    verdict = check(records)
+    assert verdict.ok, verdict
+    assert (verdict.jobs, verdict.wiped) == (2, 1)
+    # Without the restart, a job gone from the server is unfinished.
+    no_restart = [r for r in records if r.get("fault") != "redis-restart"]
+    assert len(check(no_restart).unfinished) == 1

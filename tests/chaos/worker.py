@@ -5,8 +5,8 @@ Three kinds share the queue (a fourth, BullMQ for Node.js, is ``node_worker.mjs`
 - ``"thread"`` and ``"process"``: an ``actors`` manager in that isolation mode
   renews the locks; a bullmq-py ``Worker`` without autorun takes jobs by hand
   (``getNextJob``) and runs BullMQ's stalled check; each job is a pykka actor
-  tracked with ``notify=self.actor_ref``, working one step per message, told
-  ``LockLost`` in its mailbox, or (a job planned ``lease``) a thread holding a
+  tracked with a ``notify`` target that forwards to its mailbox, working one step
+  per message, told ``LockLost``, or (a job planned ``lease``) a thread holding a
   :func:`actors.lease`, checking it between steps;
 - ``"bullmq"``: a running bullmq-py ``Worker`` at ``concurrency`` > 1 with
   ``use_actor_lock_manager``; its processor reads ``signal.aborted`` between steps.
@@ -26,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import faulthandler
 import json
+import logging
 import os
 import signal
 import sys
@@ -41,10 +43,13 @@ import pykka
 import redis
 import redis.asyncio
 from bullmq import Worker
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 import actors
 from actors import LockLost, QueueKeys, lease, start_link, stop, track_job, untrack_job
 from actors.bullmq import use_actor_lock_manager
+from actors.bullmq.runs import monotonic_from_wall
 from tests.bullmq.burn import backtrack, size_for
 from tests.chaos.history import History, now
 from tests.chaos.jobs import busy
@@ -56,6 +61,16 @@ if TYPE_CHECKING:
     from actors import ManagerRef
 
 PREFIX = "bull"
+
+
+def created(job: Any) -> int:
+    """The job's ``timestamp``: with its id, it names one job across a server's restart."""
+    return int(job.timestamp)
+
+
+def gone(error: LockLost | LookupError) -> str:
+    """Why a run learned its lock or its job is gone: a loss's reason, or a job no more."""
+    return error.reason if isinstance(error, LockLost) else "job gone"
 
 
 class Designed(Exception):
@@ -88,14 +103,19 @@ class Context:
         self.store = Path(settings["store"])
         #: Through the worker's proxy, bounded: a partition fails a call, never hangs it.
         self.client = redis.Redis.from_url(
-            settings["url"], socket_timeout=1, socket_connect_timeout=1
+            settings["url"], socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
         )
 
     def fields(self, job: Any, token: str) -> dict[str, Any]:
         """What every record of the run ``token`` of ``job`` names."""
         with self.guard:
             attempt = self.attempts.get((str(job.id), token), 0)
-        return {"attempt": attempt, "worker": self.worker, "base": self.base}
+        return {
+            "attempt": attempt,
+            "worker": self.worker,
+            "base": self.base,
+            "created": created(job),
+        }
 
     def write(self, job: Any, token: str, fence: int | None) -> bool:
         """Write the run's result to both stores; ``False`` if one refused it (lock lost).
@@ -107,7 +127,10 @@ class Context:
         with contextlib.suppress(redis.RedisError):
             if not write_guarded(self.client, self.keys, self.history, run, job_id, token):
                 return False
-        return fence is None or write_fenced(self.store, self.history, run, job_id, token, fence)
+        row = f"{job_id}:{created(job)}"
+        return fence is None or write_fenced(
+            self.store, self.history, run, job_id, token, fence, row=row
+        )
 
     def record(
         self, event: str, job: Any, token: str, *, t: int | None = None, **more: Any
@@ -137,6 +160,7 @@ class Context:
             token=token,
             worker=self.worker,
             base=self.base,
+            created=created(job),
             t=now() if t is None else t,
             **more,
         )
@@ -169,6 +193,26 @@ class Context:
         self.history.write(kind="fault", fault="gil", target=self.base, start=start, end=now())
 
 
+class Told:
+    """A job actor's ``notify`` target: the run ends when it is told, then its actor hears it.
+
+    A run is in hand until it is told of a loss; the actor reads the news
+    between its steps (a step may be a call to a server that does not answer).
+    """
+
+    def __init__(self, ctx: Context, job: Any, token: str, ref: pykka.ActorRef[Any]) -> None:
+        self.ctx, self.job, self.token, self.ref = ctx, job, token, ref
+
+    def tell(self, message: Any) -> None:
+        if isinstance(message, LockLost):
+            self.ctx.record("lost", self.job, self.token, reason=message.reason)
+        with contextlib.suppress(pykka.ActorDeadError):
+            self.ref.tell(message)
+
+    def is_alive(self) -> bool:
+        return self.ref.is_alive()
+
+
 @dataclass(frozen=True)
 class Moved:
     """bullmq answered the move a run sent at ``sent`` (ns); ``error`` if it refused it."""
@@ -195,12 +239,11 @@ class JobRun(pykka.ThreadingActor):
         self.left = int(job.data["steps"])
         self.over = self.moving = False
         self.fence: int | None = None
+        self.told = Told(ctx, job, token, self.actor_ref)
 
     def on_start(self) -> None:
         # Stamped with the time the fetch was sent: the lock is no older than that.
-        track_job(
-            self.manager, str(self.job.id), self.token, ts=self.taken_ms, notify=self.actor_ref
-        )
+        track_job(self.manager, str(self.job.id), self.token, ts=self.taken_ms, notify=self.told)
         self.ctx.record("started", self.job, self.token)
         self.actor_ref.tell("step")
 
@@ -211,8 +254,8 @@ class JobRun(pykka.ThreadingActor):
                 self.fence = actors.fence(
                     self.ctx.client, self.ctx.keys, str(self.job.id), self.token
                 )
-            except LockLost as lost:
-                self.ctx.record("lost", self.job, self.token, reason=f"fence: {lost.reason}")
+            except (LockLost, LookupError) as lost:
+                self.ctx.record("lost", self.job, self.token, reason=f"fence: {gone(lost)}")
                 self.end()
                 return False
             except redis.RedisError:
@@ -270,10 +313,18 @@ class JobRun(pykka.ThreadingActor):
 
     def end(self) -> None:
         self.over = True
-        untrack_job(self.manager, str(self.job.id), notify=self.actor_ref)
+        untrack_job(self.manager, str(self.job.id), notify=self.told)
         with self.ctx.guard:
             self.ctx.inflight.discard(self.token)
         self.stop()
+
+    def on_failure(self, *_: object) -> None:
+        # pykka stopped the actor (logged with its traceback): the run ends, its slot is free.
+        self.ctx.record("lost", self.job, self.token, reason="job actor crashed")
+        with contextlib.suppress(Exception):
+            untrack_job(self.manager, str(self.job.id), notify=self.told)
+        with self.ctx.guard:
+            self.ctx.inflight.discard(self.token)
 
 
 def run_leased(ctx: Context, manager: ManagerRef, job: Any, token: str, taken_ms: int) -> None:
@@ -313,8 +364,8 @@ def run_leased(ctx: Context, manager: ManagerRef, job: Any, token: str, taken_ms
             else:
                 outcome = "failed" if failing else "completed"
                 ctx.record("finished", job, token, t=sent, outcome=outcome)
-    except LockLost as lost:
-        ctx.record("lost", job, token, reason=lost.reason)
+    except (LockLost, LookupError) as lost:
+        ctx.record("lost", job, token, reason=gone(lost))
     finally:
         with ctx.guard:
             ctx.inflight.discard(token)
@@ -350,7 +401,7 @@ async def run_actor_worker(ctx: Context, isolation: str) -> None:
             continue
         serial += 1
         token = f"{ctx.worker}:{serial}:{uuid.uuid4().hex[:8]}"
-        taken_ms = time.monotonic_ns() // 1_000_000
+        sent_ms = time.monotonic_ns() // 1_000_000
         try:
             job = await asyncio.wait_for(worker.getNextJob(token), 2 * ctx.lock_ms / 1000)
         except Exception:  # a fault in the way: try again
@@ -358,6 +409,10 @@ async def run_actor_worker(ctx: Context, isolation: str) -> None:
             continue
         if job is None:
             continue
+        # The lock was taken once a job came (the fetch may wait for one first):
+        # its ``processedOn`` is the take's send, on the wall clock.
+        taken_ms = monotonic_from_wall(int(job.processedOn)) if job.processedOn else sent_ms
+        ctx.history.write(kind="note", what="fetched", job=str(job.id), token=token, t=now())
         with ctx.guard:
             ctx.inflight.add(token)
         if job.data.get("lease"):
@@ -388,8 +443,8 @@ async def run_bullmq_worker(ctx: Context) -> None:
                 if fence is None:
                     try:
                         fence = await actors.fence(aclient, ctx.keys, job_id, token)
-                    except LockLost as lost:
-                        ctx.record("lost", job, token, reason=f"fence: {lost.reason}")
+                    except (LockLost, LookupError) as lost:
+                        ctx.record("lost", job, token, reason=f"fence: {gone(lost)}")
                         raise Abandoned(token) from None
                     except redis.RedisError:
                         pass  # a fault in the way: the next step tries again
@@ -409,8 +464,9 @@ async def run_bullmq_worker(ctx: Context) -> None:
                     ):
                         ctx.record("lost", job, token, reason="write refused")
                         raise Abandoned(token)
+                row = f"{job_id}:{created(job)}"
                 if fence is not None and not write_fenced(
-                    ctx.store, ctx.history, run, job_id, token, fence
+                    ctx.store, ctx.history, run, job_id, token, fence, row=row
                 ):
                     ctx.record("lost", job, token, reason="write refused")
                     raise Abandoned(token)
@@ -470,10 +526,28 @@ async def drain(ctx: Context) -> None:
         await asyncio.sleep(0.05)
 
 
+def watch(ctx: Context) -> None:
+    """Dump every thread's stack to the log once if a run is held for over 12 s (jobs take 3)."""
+    seen: dict[str, float] = {}
+    while True:
+        time.sleep(1)
+        with ctx.guard:
+            held = set(ctx.inflight)
+        seen = {token: seen.get(token, time.monotonic()) for token in held}
+        if any(time.monotonic() - since > 12 for since in seen.values()):
+            faulthandler.dump_traceback(all_threads=True)
+            return
+
+
 def main(settings: dict[str, Any]) -> None:
     """Run one worker until told to stop, then leave at once."""
+    # The manager's warnings and errors, and any crash, go to the worker's log.
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(threadName)s %(name)s %(message)s"
+    )
     ctx = Context(settings)
     signal.signal(signal.SIGUSR1, ctx.hold_gil)
+    threading.Thread(target=watch, args=(ctx,), name="watchdog", daemon=True).start()
 
     async def run() -> None:
         ctx.loop = asyncio.get_running_loop()
