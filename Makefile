@@ -58,7 +58,7 @@ bullmq-compat: $(STAMP)
 faults: $(STAMP)
 	$(BIN)/python tests/faults/report.py
 
-## chaos: workers of three kinds under a seeded nemesis, history checked (CHAOS_SECONDS=600, CHAOS_SEED)
+## chaos: four kinds of workers under a seeded nemesis, history checked (CHAOS_SECONDS=600, CHAOS_SEED)
 chaos: $(STAMP)
 	CHAOS_SECONDS=$${CHAOS_SECONDS:-600} $(BIN)/python -m tests.chaos.run
 

@@ -41,7 +41,10 @@ def use_actor_lock_manager(
     The worker's ``lockDuration``, ``lockRenewTime``, ``prefix``, queue name
     and ``concurrency`` carry over; its fetch, ``getNextJob`` and backend
     moves are wrapped, so each job is renewed from the taking of its lock
-    until bullmq has moved it.
+    until bullmq has moved it. Each fetch of bullmq's run loop takes its job
+    with a token of its own (bullmq-py 3.4 gives the fetches of one pass of
+    its loop one token: a repeat gets a suffix, ``{worker.id}:{n}:{k}``), and
+    a run's ``signal.aborted`` reads its lock's deadline itself.
 
     Example:
         >>> worker = Worker("payments", process, {"connection": url, "autorun": False})

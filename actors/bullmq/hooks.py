@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Fetcher",
+    "RunTokens",
     "attempt",
     "hook_worker",
     "must_wait",
@@ -235,17 +236,54 @@ def moving(
     return moved
 
 
+#: How many of the run loop's latest tokens :class:`RunTokens` remembers.
+_TOKENS_KEPT = 256
+
+
+class RunTokens:
+    """The tokens of bullmq's run loop, each handed to one fetch only.
+
+    bullmq-py 3.4 gives every fetch of one pass of its run loop the same token
+    (its fetches read the loop's ``token`` variable when they run). A fetch of
+    that pass still waiting for a job then takes a job that another run of the
+    pass gave back (a retry) with that run's very token: two runs of one job,
+    one lock value, and the first run's end would end the second's renewal.
+    A token of the run loop's own shape (``{worker.id}:{n}``) that a fetch of
+    this worker used already gets a suffix (``{worker.id}:{n}:{k}``): the
+    lock, the job's ``token`` and the run loop's ``processJob(job, job.token)``
+    then all hold it. Tokens of other shapes (a ``getNextJob`` called by hand)
+    are left as they are.
+    """
+
+    def __init__(self, worker_id: object) -> None:
+        self._prefix = f"{worker_id}:"
+        #: How many fetches took each recent run-loop token (the oldest forgotten first).
+        self._used: dict[str, int] = {}
+
+    def own(self, token: str) -> str:
+        """Return the token a fetch asked to take a job with ``token`` takes it with."""
+        if not isinstance(token, str) or not token.startswith(self._prefix):
+            return token
+        used = self._used
+        count = used.pop(token, 0) + 1
+        used[token] = count
+        if len(used) > _TOKENS_KEPT:
+            del used[next(iter(used))]
+        return token if count == 1 else f"{token}:{count}"
+
+
 def next_job(
-    owner: Owner, get_next_job: Callable[[str], Awaitable[Any]]
+    owner: Owner, get_next_job: Callable[[str], Awaitable[Any]], tokens: RunTokens
 ) -> Callable[[str], Awaitable[Any]]:
     """Wrap ``Worker.getNextJob``: a job its fetch took but that is not handed on is let go.
 
-    Told through a context variable, not by token: bullmq 3.4 gives every
-    fetch of one pass of its run loop the same token.
+    Each fetch of the run loop takes its job with a token of its own (see
+    :class:`RunTokens`); what it took is told through a context variable.
     """
 
     @functools.wraps(get_next_job)
     async def fetched(token: str) -> Any:
+        token = tokens.own(token)
         took: list[tuple[str, str]] = []
         reset = _TAKEN.set(took)
         job = None
@@ -283,7 +321,7 @@ def hook_worker(worker: Any, owner: Owner) -> None:
         owner.fetcher = fetcher
         # A copy: the dict belongs to the connection, which other queues may share.
         scripts.commands = {**commands, _FETCH: fetcher.run}
-    worker.getNextJob = next_job(owner, worker.getNextJob)
+    worker.getNextJob = next_job(owner, worker.getNextJob, RunTokens(worker.id))
     for name, stays_when in _MOVES:
         move = getattr(backend, name, None)
         parameters = set(inspect.signature(move).parameters) if callable(move) else set()

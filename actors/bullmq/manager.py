@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pykka
 
 from actors.aio import call_in_loop
-from actors.api import start_link, track_job, untrack_job
+from actors.api import start_link, untrack_job
 from actors.bullmq.hooks import attempt, must_wait, off_the_loop, renewal_client, stopper
 from actors.bullmq.runs import (
     LOCK_LOST,
@@ -19,6 +19,7 @@ from actors.bullmq.runs import (
     LockController,
     Run,
     Runs,
+    Trust,
     abort_reason,
     monotonic_from_wall,
 )
@@ -112,6 +113,8 @@ class ActorLockManager:
         self._reader: concurrent.futures.ThreadPoolExecutor | None = None
         #: Each run's signal, by ``(job_id, token)``: the delivery thread marks it lost at once.
         self._signals: dict[tuple[str, str], LockSignal] = {}
+        #: How long the manager trusts a lock after a confirmed send, in ms (once started).
+        self._span = 0
         # bullmq-py turns renewal off for lockRenewTime <= 0; so does this.
         self.renews = not (
             isinstance(lock_renew_time, (int, float))
@@ -159,9 +162,12 @@ class ActorLockManager:
             max_batch=self._max_batch,
             isolation=self._isolation,
         )
+        self._span = self.manager.trusted_for()
         # Jobs tracked before the start are renewed from now on.
-        for job_id, run in self._runs.items():
-            self._track(job_id, run.token, monotonic_from_wall(run.wall_ms))
+        for job_id, run in list(self._runs.items()):
+            trust = self._trust(monotonic_from_wall(run.wall_ms))
+            self._runs.trusted(job_id, run.token, trust)
+            self._track(job_id, run.token, trust)
 
     def track_job(
         self,
@@ -175,7 +181,10 @@ class ActorLockManager:
         bullmq calls it when the job's processor task starts, with ``ts`` in
         wall-clock milliseconds. A job the fetch already tracked keeps the
         time its lock was taken; a controller made for a lock already lost
-        starts aborted.
+        starts aborted, and so does one of a run this worker has taken its
+        job from again since (a new token), which is then not tracked. The
+        controller's signal reads the lock's deadline itself while the run
+        holds the lock.
 
         Returns:
             The ``AbortController`` if ``should_create_controller`` (``None``
@@ -187,13 +196,19 @@ class ActorLockManager:
         # Seen by untrack_job later in the same task: which run is ending.
         RUN_TOKEN.set(token)
         controller = LockController() if should_create_controller else None
+        if self._runs.stale(job_id, token, controller):
+            # Taken again by this worker before this processor started: the lock
+            # is the newer run's, which this run must not take from it.
+            return controller
         if controller is not None:
             self._signals[(job_id, token)] = controller.signal
         task = _current_task()
         if task is not None:
             task.add_done_callback(self._poke)
         if self._runs.started(job_id, token, ts, controller, task):
-            self._track(job_id, token, monotonic_from_wall(ts))
+            trust = self._trust(monotonic_from_wall(ts))
+            self._runs.trusted(job_id, token, trust)
+            self._track(job_id, token, trust)
         self._poke()
         return controller
 
@@ -284,19 +299,25 @@ class ActorLockManager:
         if failure is not None:
             self._runs.emit("error", failure)
 
-    def _track(self, job_id: str, token: str, taken_ms: int, *, wait: bool = False) -> None:
-        # Watched by this object (see tell): trusted only until its deadline.
-        if self.manager is not None:
-            with contextlib.suppress(pykka.Timeout):  # tracked all the same, a little later
-                track_job(
-                    self.manager,
-                    job_id,
-                    token,
-                    ts=taken_ms,
-                    notify=self,
-                    wait=wait,
-                    timeout=self.lock_duration / 1000,
-                )
+    def _trust(self, taken_ms: int) -> Trust | None:
+        """The deadline of a lock taken at ``taken_ms``, until the manager answers its track."""
+        manager = self.manager
+        if manager is None:
+            return None
+        return Trust(taken_ms, self._span, manager.clock)
+
+    def _track(self, job_id: str, token: str, trust: Trust | None, *, wait: bool = False) -> None:
+        # Watched by this object (see tell): trusted only until its deadline,
+        # which the manager's answer (the lock's Validity) gives the run's signal.
+        manager = self.manager
+        if manager is None or trust is None:
+            return
+        message = TrackJob(job_id, token, trust.taken_ms, self)
+        with contextlib.suppress(ManagerStopped):
+            trust.answer = answer = manager.ask(message, block=False)
+            if wait:
+                with contextlib.suppress(pykka.Timeout):  # tracked all the same, a little later
+                    answer.get(timeout=self.lock_duration / 1000)
 
     def _untrack(self, job_id: str, token: str) -> None:
         self._signals.pop((job_id, token), None)
@@ -339,11 +360,13 @@ class ActorLockManager:
 
     def taken(self, job_id: str, token: str, sent_ms: int, sent_wall_ms: int) -> None:
         """Track a job the fetch took; runs on the fetch thread, when the server answers."""
+        # Trusted from the fetch's send: the server took the lock after it.
+        trust = self._trust(sent_ms)
         # Handed to the loop first: the manager's reports on the run come after.
-        self._to_loop(self._fetched, job_id, Run(token, sent_wall_ms))
+        self._to_loop(self._fetched, job_id, Run(token, sent_wall_ms, trust=trust))
         # In process mode the processor starts once the child has the lock: one
         # that holds the GIL from its first line keeps it renewed all the same.
-        self._track(job_id, token, sent_ms, wait=self._isolation == "process")
+        self._track(job_id, token, trust, wait=self._isolation == "process")
 
     def _fetched(self, job_id: str, run: Run) -> None:
         if not self.closed:

@@ -12,8 +12,11 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import pykka
 from bullmq.abort_controller import AbortController, AbortError, AbortSignal
 
+from actors.jobs import Validity
+from actors.messages import UNCONFIRMED
 from actors.timing import monotonic_ms
 
 if TYPE_CHECKING:
@@ -27,6 +30,7 @@ __all__ = [
     "LockSignal",
     "Run",
     "Runs",
+    "Trust",
     "abort_reason",
     "monotonic_from_wall",
     "wall_ms",
@@ -40,33 +44,106 @@ LOCK_LOST = "lock lost"
 #: Why a run is lost when the same worker takes its job again with a new token.
 _TAKEN_AGAIN = "taken again"
 
+#: How many runs replaced by a newer one :class:`Runs` remembers, the oldest forgotten first.
+_SUPERSEDED_KEPT = 1024
+
 #: The token of the run of a job that the current task is processing.
 RUN_TOKEN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "actors_bullmq_run_token", default=None
 )
 
 
+class Trust:
+    """Until when one run's lock is trusted: its deadline, read by the run's signal itself.
+
+    From the taking of the lock (``taken_ms + span``) until the manager has
+    answered the run's track, then the manager's own
+    :class:`~actors.jobs.Validity` of the lock, which follows the renewals it
+    confirms (the child's, in process mode). Read from any thread: a few
+    attribute reads, no lock, no wait.
+    """
+
+    __slots__ = ("answer", "clock", "span", "taken_ms", "validity")
+
+    def __init__(self, taken_ms: int, span: int, clock: Callable[[], int] = monotonic_ms) -> None:
+        #: When the lock was taken (the fetch's send), in the manager's monotonic ms.
+        self.taken_ms = taken_ms
+        #: How long a lock is trusted after a confirmed send (or its taking), in ms.
+        self.span = span
+        #: The manager's clock.
+        self.clock = clock
+        #: The manager's answer to the track, once asked (a pykka future).
+        self.answer: pykka.Future[Any] | None = None
+        #: The lock's validity as the manager keeps it, once it has answered.
+        self.validity: Validity | None = None
+
+    @property
+    def deadline(self) -> int:
+        """Monotonic ms past which the lock may be gone at the server."""
+        answer = self.answer
+        if answer is not None and self.validity is None:
+            try:
+                told = answer.get(timeout=0)
+            except pykka.Timeout:
+                told = None  # not answered yet: the taking's deadline holds meanwhile
+            except Exception:
+                told = None  # the manager stopped: nobody renews the lock any more
+                self.answer = None
+            else:
+                self.answer = None
+            if isinstance(told, Validity):
+                self.validity = told
+        validity = self.validity
+        return self.taken_ms + self.span if validity is None else validity.deadline
+
+    def passed(self) -> bool:
+        """Whether the deadline has come: the lock may be another worker's by now."""
+        try:
+            now = self.clock()
+        except Exception:
+            return False  # a clock that raises: the manager's own timer judges then
+        return now >= self.deadline
+
+
 class LockSignal(AbortSignal):  # type: ignore[misc]
-    """bullmq's ``AbortSignal``, aborted from any thread once the manager knows the lock is lost.
+    """bullmq's ``AbortSignal``, aborted from any thread once the lock is, or may be, lost.
 
     bullmq's own signal is an ``asyncio.Event``, set on the loop only, so it
     reads ``False`` behind a processor that blocks the loop. This one also
-    keeps the loss in a plain attribute the manager's delivery thread writes;
-    waiters of :meth:`wait` wake once the loop runs.
+    keeps the loss in a plain attribute the manager's delivery thread writes,
+    and reads the run's deadline itself (:class:`Trust`): a processor whose
+    process was paused past it (SIGSTOP, a GIL hold) reads ``True`` at its
+    first look, before the manager could say so. Waiters of :meth:`wait`
+    wake once the loop runs.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self._lost: str | None = None
+        self._job_id = ""
+        self._trust: Trust | None = None
+
+    def watch(self, job_id: str, trust: Trust | None) -> None:
+        """Read ``trust``'s deadline at each look from now on (``None``: no deadline)."""
+        self._job_id = job_id
+        self._trust = trust
 
     @property
     def aborted(self) -> bool:
-        """Whether the signal was aborted, or the lock is known lost."""
-        return self._lost is not None or self._event.is_set()
+        """Whether the signal was aborted, or the lock is known or may be lost."""
+        if self._lost is not None or self._event.is_set():
+            return True
+        trust = self._trust
+        if trust is not None and trust.passed():
+            self.lose(abort_reason(self._job_id, UNCONFIRMED))
+            return True
+        return False
 
     @property
     def reason(self) -> str | None:
         """Why: the abort's reason, or the lost lock's."""
+        if not self.aborted:
+            return None
         return self._reason if self._event.is_set() else self._lost
 
     def throw_if_aborted(self) -> None:
@@ -103,6 +180,8 @@ class Run:
     moving: bool = False
     #: The task processing it (bullmq's ``processJob``), once it has started.
     task: asyncio.Task[Any] | None = None
+    #: Until when its lock is trusted (``None``: renewal is off).
+    trust: Trust | None = None
 
 
 def wall_ms() -> int:
@@ -134,6 +213,8 @@ class Runs:
         self._untrack = untrack
         self._changed = changed
         self._runs: dict[str, Run] = {}
+        #: The ``(job_id, token)`` of runs replaced by a newer run of their job (an ordered set).
+        self._superseded: dict[tuple[str, str], None] = {}
 
     def get(self, job_id: str) -> Run | None:
         """Return the job's run, if this worker holds it."""
@@ -153,6 +234,23 @@ class Runs:
     def clear(self) -> None:
         """Forget every run."""
         self._runs.clear()
+        self._superseded.clear()
+
+    def stale(self, job_id: str, token: str, controller: AbortController | None) -> bool:
+        """Whether the run of ``job_id`` held with ``token`` was replaced by a newer one.
+
+        Its processor starts late (the loop was blocked): this worker took the
+        job again since, with another token, and that run holds the lock now.
+        Its ``controller`` is aborted at once; it is neither tracked nor renewed.
+        """
+        if (job_id, token) not in self._superseded:
+            return False
+        run = self._runs.get(job_id)
+        if run is not None and run.token == token:
+            return False  # taken again with this very token: the current run
+        if controller is not None:
+            controller.abort(abort_reason(job_id, _TAKEN_AGAIN))
+        return True
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Return each job as bullmq-py's ``tracked_jobs`` shows it."""
@@ -174,10 +272,18 @@ class Runs:
         if run is None or run.token != token:
             self.replace(job_id, Run(token, ts, controller, task=task))
             return True
-        self._runs[job_id] = replace(run, controller=controller, task=task)
+        self._runs[job_id] = run = replace(run, controller=controller, task=task)
         if controller is not None and run.lost is not None:
             controller.abort(abort_reason(job_id, run.lost))
+        _watch(job_id, run)
         return False
+
+    def trusted(self, job_id: str, token: str, trust: Trust | None) -> None:
+        """Give the run holding ``token`` the deadline its lock is trusted until."""
+        run = self._runs.get(job_id)
+        if run is not None and run.token == token:
+            self._runs[job_id] = run = replace(run, trust=trust)
+            _watch(job_id, run)
 
     def fetched(self, job_id: str, run: Run) -> None:
         """Record a run the fetch took, unless the job already has a run of that token."""
@@ -190,6 +296,13 @@ class Runs:
         """Make ``run`` the job's run; a live run it replaces has lost its lock."""
         old = self._runs.get(job_id)
         self._runs[job_id] = run
+        _watch(job_id, run)
+        if old is not None and old.token != run.token:
+            _watch(job_id, old, over=True)
+            superseded = self._superseded
+            superseded[(job_id, old.token)] = None
+            if len(superseded) > _SUPERSEDED_KEPT:
+                del superseded[next(iter(superseded))]
         if old is not None and old.token != run.token and not old.moving and old.lost is None:
             # Taken again by this worker: the old run's processor must hear its lock is gone.
             self._report_lost([(job_id, old, _TAKEN_AGAIN)])
@@ -199,7 +312,8 @@ class Runs:
         run = self._runs.get(job_id)
         if run is None or run.token != token or run.moving:
             return False
-        self._runs[job_id] = replace(run, moving=True)
+        self._runs[job_id] = run = replace(run, moving=True)
+        _watch(job_id, run)
         return True
 
     def moved(self, job_id: str, token: str, *, stayed: bool) -> None:
@@ -208,7 +322,8 @@ class Runs:
         if run is None or run.token != token:
             return
         if stayed:
-            self._runs[job_id] = replace(run, moving=False)
+            self._runs[job_id] = run = replace(run, moving=False)
+            _watch(job_id, run)
         else:
             self.release(job_id, token)
 
@@ -217,6 +332,7 @@ class Runs:
         run = self._runs.get(job_id)
         if run is not None and run.token == token:
             del self._runs[job_id]
+            _watch(job_id, run, over=True)
             self._untrack(job_id, token)
             self._changed()
 
@@ -264,6 +380,16 @@ class Runs:
                 )
             else:
                 self.emit("error", error)
+
+
+def _watch(job_id: str, run: Run, *, over: bool = False) -> None:
+    """Have the run's signal read its lock's deadline while it holds the lock.
+
+    Not once the run is ``over``, nor while a move of its own deletes the lock.
+    """
+    signal = getattr(run.controller, "signal", None)
+    if isinstance(signal, LockSignal):
+        signal.watch(job_id, None if over or run.moving else run.trust)
 
 
 def abort_reason(job_id: str, why: str) -> str:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -281,6 +282,28 @@ class PeerWorker:
                 runs.append((name, token, float(started)))
         return runs
 
+    def reads(self) -> list[tuple[str, bool, str]]:
+        """What each ``stop_at_start`` run's first look at its signal read.
+
+        Each as its token, whether the signal read aborted, and its reason.
+        """
+        reads = []
+        for entry in self._bench.client.lrange(self._bench.key("peer-reads"), 0, -1):
+            name, token, aborted, reason = str(entry).split("|", 3)
+            if name == self.name:
+                reads.append((token, aborted == "True", reason))
+        return reads
+
+    def stopped(self) -> bool:
+        """Whether the process has stopped (SIGSTOP) since the last look; it is not reaped.
+
+        Raises:
+            AssertionError: The process ended.
+        """
+        pid, status = os.waitpid(self.process.pid, os.WNOHANG | os.WUNTRACED)
+        assert pid == 0 or os.WIFSTOPPED(status), f"worker {self.name}'s process ended"
+        return pid != 0
+
     def stalled_ids(self) -> list[str]:
         """The ids its ``stalled`` events named."""
         return [str(i) for i in self._bench.client.lrange(self._bench.key("peer-stalled"), 0, -1)]
@@ -375,13 +398,15 @@ class Bench:
             self._control = LoopThread("bullmq-control")
         return self._control
 
-    def add_job(self, data: dict[str, Any] | None = None) -> str:
-        """Add one job with bullmq's ``Queue.add``; return its id."""
+    def add_job(
+        self, data: dict[str, Any] | None = None, opts: dict[str, Any] | None = None
+    ) -> str:
+        """Add one job with bullmq's ``Queue.add`` (and its job options); return its id."""
 
         async def add() -> str:
             queue = Queue(self.queue, {"connection": self.url, "prefix": PREFIX})
             try:
-                job = await queue.add("work", data or {})
+                job = await queue.add("work", data or {}, opts or {})
                 return str(job.id)
             finally:
                 await queue.close()

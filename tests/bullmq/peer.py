@@ -6,7 +6,9 @@ the queue's keys), where the test reads them; it stops when the test sets its
 stop key. With ``"paused": true`` among its options it takes no job and only
 checks for stalled ones. With ``"actor": "thread"`` or ``"process"`` its locks are renewed by
 ``use_actor_lock_manager`` in that mode, and with ``"hold_s": S`` each run holds its job S
-seconds (a run is traced once the renewing side holds its lock). A process of its own, as a
+seconds (a run is traced once the renewing side holds its lock). With ``"stop_at_start": true``
+its processor stops its own process (SIGSTOP) as it starts, and once continued traces what its
+first look at ``signal.aborted`` read (``bull:{queue}:peer-reads``). A process of its own, as a
 real second worker is: a processor that blocks the first worker's loop (or holds its GIL)
 cannot slow this one down.
 """
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sys
 import time
 from typing import Any
@@ -53,9 +57,17 @@ async def main(url: str, queue: str, name: str, options: dict[str, Any]) -> None
         await asyncio.sleep(hold_s)
         return name
 
+    async def stop_at_start(job: Any, token: str, abort: Any) -> str:
+        # Paused as the run starts, before its first look: the whole process, every thread.
+        os.kill(os.getpid(), signal.SIGSTOP)
+        aborted = abort.aborted  # the first look once continued, before any await
+        await client.rpush(key(queue, "peer-reads"), f"{name}|{token}|{aborted}|{abort.reason}")
+        return name
+
     paused = options.pop("paused", False)
+    processor = stop_at_start if options.pop("stop_at_start", False) else process
     worker = Worker(
-        queue, process, {"connection": url, "prefix": PREFIX, **options, "autorun": False}
+        queue, processor, {"connection": url, "prefix": PREFIX, **options, "autorun": False}
     )
     if isolation is not None:
         installed = use_actor_lock_manager(worker, isolation=isolation)

@@ -15,8 +15,9 @@ reads Redis or a clock.
   ``taken``, the job's ``processedOn``, where known) is not ``watched`` (a
   BullMQ for Node.js run: nothing tells it of a lost lock) is the peer's,
   listed apart and not counted.
-- **Unexplained losses.** A ``lost`` whose time is in no fault window on its
-  worker (or on Redis) stretched by ``lock_ms`` after the fault's end.
+- **Unexplained losses.** A ``lost`` whose time (``seen``, for a refused
+  move: when the refusal came) is in no fault window on its worker (or on
+  Redis) stretched by ``lock_ms`` after the fault's end.
 - **Unfinished jobs.** An added job with no ``finished``/``completed`` run, or
   whose final state is not ``completed``, or with a run never ended; except a
   job a ``redis-restart`` wiped (its final state ``"wiped"``, a restart after
@@ -346,7 +347,9 @@ def _unexplained(records: list[dict[str, Any]], lock_ms: int) -> tuple[int, list
         if record.get("kind") != "run" or record["event"] != "lost":
             continue
         losses += 1
-        at = int(record["t"])
+        # A refused move ends its run when it was sent (``t``) and is known when
+        # refused (``seen``): a pause between the two explains it as well.
+        at = int(record.get("seen", record["t"]))
         if any(
             f.get("target") in (record["base"], "redis")
             and int(f["start"]) <= at <= int(f["end"]) + lock_ns

@@ -6,7 +6,11 @@ Every record has a ``kind``:
   refused for want of the lock) or ``"finished"`` (bullmq moved the job:
   ``outcome`` ``"completed"`` or ``"failed"``), with ``job``, ``attempt``,
   ``token``, ``worker`` (the process's incarnation, ``thread#2``), ``base``
-  (the worker's name, ``thread``) and ``t``;
+  (the worker's name, ``thread``), ``created`` (the job's ``timestamp``) and
+  ``t``; a refused move's ``lost`` also ``seen`` (when the refusal came; ``t``
+  is when the move was sent), a ``started`` also ``taken`` (the job's
+  ``processedOn``) and, for BullMQ for Node.js, ``watched: false``;
+- ``"write"``: a result written to a store (:mod:`tests.chaos.store`);
 - ``"fault"``: ``fault`` (its kind), ``target`` (a worker's base name or
   ``"redis"``), ``start`` and ``end``; a ``"kill"`` names the ``incarnation``
   it killed;

@@ -12,6 +12,7 @@ One fault at a time per target; up to :data:`MAX_ACTIVE` at once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -170,9 +171,14 @@ class Nemesis:
         if pid is None:
             return
         start = now()
-        os.kill(pid, signal.SIGSTOP)
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return  # it ended meanwhile
         time.sleep(length)
-        os.kill(pid, signal.SIGCONT)
+        # A stopped child may have been killed as hung, and replaced, meanwhile.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
         self._record(kind, target, start)
 
     def _redis_restart(self, target: str, length: float) -> None:
@@ -199,7 +205,10 @@ class Nemesis:
         if pid is None:
             return
         (self.targets.control() / f"{base}.gil").write_text(f"{length:.3f}")
-        os.kill(pid, signal.SIGUSR1)
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return  # killed meanwhile
         # The hold is measured and recorded by the worker; keep others off it meanwhile.
         time.sleep(2 * length + 0.5)
 
@@ -209,7 +218,10 @@ class Nemesis:
         if not found:
             return
         start = now()
-        os.kill(found[0], signal.SIGKILL)
+        try:
+            os.kill(found[0], signal.SIGKILL)
+        except ProcessLookupError:
+            return  # replaced meanwhile
         deadline = time.monotonic() + 10 * self.lock_s
         while time.monotonic() < deadline and self.targets.pid(base) == pid:
             if [child for child in children(pid or 0) if child != found[0]]:

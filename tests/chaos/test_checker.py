@@ -379,3 +379,18 @@ def test_a_job_id_handed_out_again_after_a_restart_is_another_job() -> None:
     # Without the restart, a job gone from the server is unfinished.
     no_restart = [r for r in records if r.get("fault") != "redis-restart"]
     assert len(check(no_restart).unfinished) == 1
+
+
+def test_a_refused_move_is_explained_by_a_pause_between_its_send_and_its_refusal() -> None:
+    records = [
+        CONFIG,
+        *job("1"),
+        run("started", "1", "a", 0),
+        run("lost", "1", "a", 100, seen=8000 * MS, reason="move refused"),
+        fault("stop", "thread", 200, 7900),
+        run("started", "1", "b", 6000, base="bullmq"),
+        run("finished", "1", "b", 6500, base="bullmq", outcome="completed"),
+    ]
+    assert check(records).ok
+    unexplained = [*records[:3], run("lost", "1", "a", 100, reason="move refused"), *records[4:]]
+    assert len(check(unexplained).unexplained_losses) == 1

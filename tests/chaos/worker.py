@@ -272,7 +272,9 @@ class JobRun(pykka.ThreadingActor):
         elif isinstance(message, Moved):
             if message.error is not None:
                 reason = f"move refused: {type(message.error).__name__}"
-                self.ctx.record("lost", self.job, self.token, t=message.sent, reason=reason)
+                self.ctx.record(
+                    "lost", self.job, self.token, t=message.sent, seen=now(), reason=reason
+                )
             else:
                 outcome = "failed" if message.failing else "completed"
                 self.ctx.record("finished", self.job, self.token, t=message.sent, outcome=outcome)
@@ -360,7 +362,7 @@ def run_leased(ctx: Context, manager: ManagerRef, job: Any, token: str, taken_ms
                 asyncio.run_coroutine_threadsafe(move, ctx.loop).result()
             except Exception as error:
                 reason = f"move refused: {type(error).__name__}"
-                ctx.record("lost", job, token, t=sent, reason=reason)
+                ctx.record("lost", job, token, t=sent, seen=now(), reason=reason)
             else:
                 outcome = "failed" if failing else "completed"
                 ctx.record("finished", job, token, t=sent, outcome=outcome)
@@ -503,7 +505,7 @@ async def run_bullmq_worker(ctx: Context) -> None:
         if job is not None and getattr(job, "token", None):
             token = str(job.token)
             reason = f"move refused: {error}"[:120]
-            ctx.record("lost", job, token, t=sent(job, token), reason=reason)
+            ctx.record("lost", job, token, t=sent(job, token), seen=now(), reason=reason)
 
     worker.on("completed", completed)
     worker.on("failed", failed)
