@@ -213,6 +213,23 @@ class Books:
                 renewed = [job_id for job_id in renewed if job_id not in gone]
         report.renewed.extend(renewed)
 
+    def renewed_whole(
+        self, due: list[str], outcome: BatchOutcome | BaseException, changes: int
+    ) -> bool:
+        """Whether a renewal renewed all of ``due`` with the books as it found them.
+
+        Then :meth:`apply` would only stamp ``due`` and report it renewed:
+        no lock is lost or watched, and nothing was let go or replaced since
+        the batch was taken (``changes``, see :meth:`apply`).
+        """
+        return (
+            type(outcome) is BatchOutcome
+            and not outcome.failed
+            and not outcome.errors
+            and changes == self.jobs.changes
+            and not self.jobs.valid
+        )
+
     def _found(self, job_id: str, reason: Reason, at: int) -> str:
         """Say what a renewal that found the lock lost tells, from what is known already."""
         stamp = self.jobs.stamps.get(job_id)

@@ -20,6 +20,7 @@ __all__ = [
     "PLAIN",
     "PLAIN_ONLY",
     "RECENTLY_LOST",
+    "STAMP_SLICE",
     "Claim",
     "Deadlines",
     "Due",
@@ -68,6 +69,13 @@ class Ended(NamedTuple):
     #: Whether no claim is left: the job is no longer tracked.
     last: bool
 
+
+#: Earlier than any monotonic ms: the newest stamp of an empty table.
+_NEVER: Final = -(2**63)
+#: Ids :attr:`JobTable._fresh` may hold beyond twice the tracked jobs before it is read.
+_FRESH_SLACK: Final = 4096
+#: Stamps between two pauses of :meth:`JobTable.stamp` (about half a millisecond's work).
+STAMP_SLICE: Final = 8192
 
 #: The claim of a job tracked plainly, without a hold limit: the only one most
 #: jobs have, stored as no :class:`Holders` at all.
@@ -200,19 +208,23 @@ class JobTable:
 
     Two flat dicts (id to token, id to monotonic ms) rather than a record per
     job: CPython's garbage collector does not track dicts of only strings and
-    ints, and stamping a tick's renewals stores one shared int. The few jobs
-    with more than the one plain claim keep their :class:`Holders` in a third dict.
+    ints, and stamping a tick's renewals stores one shared int (so do the
+    tracks of one millisecond). The few jobs with more than the one plain
+    claim keep their :class:`Holders` in a third dict.
 
     A lock not yet renewed goes first in its tick's batch: a job tracked during
     a long batch (about a second for 100,000) is not renewed a batch late.
     """
 
     __slots__ = (
+        "_exact",
+        "_fresh",
+        "_ts",
         "changes",
         "deadlines",
-        "fresh",
         "lock_duration",
         "margin",
+        "newest",
         "stamps",
         "tokens",
         "touched",
@@ -234,8 +246,16 @@ class JobTable:
         #: later than the moment the server set its TTL.
         self.stamps: dict[str, int] = {}
         self.watches: dict[str, Holders] = {}
-        #: The jobs whose lock this manager has not renewed yet (an ordered set).
-        self.fresh: dict[str, None] = {}
+        #: No stamp is later than this (ms): when it is due, every job is.
+        self.newest = _NEVER
+        #: Ids in the order their locks were taken, holding every lock not yet
+        #: renewed: a pointer each, where a set would cost a hash slot. Ids
+        #: untracked or taken again since are dropped when it is read.
+        self._fresh: list[str] = []
+        #: Whether :attr:`_fresh` holds each fresh id once and nothing else.
+        self._exact = True
+        #: The stamp of the last track: the tracks of one millisecond share it.
+        self._ts = _NEVER
         #: Counts the locks let go or replaced: a renewal whose batch was taken
         #: at the same count needs no look at which of its jobs are still held.
         self.changes = 0
@@ -253,6 +273,36 @@ class JobTable:
 
     def __contains__(self, job_id: object) -> bool:
         return job_id in self.tokens
+
+    @property
+    def fresh(self) -> dict[str, None]:
+        """The jobs whose lock this manager has not renewed yet, in the order they were taken."""
+        return dict.fromkeys(self._live_fresh())
+
+    def _live_fresh(self) -> list[str]:
+        """Return :attr:`_fresh` with each id once, at its last taking, tracked ones only."""
+        if not self._exact:
+            tokens = self.tokens
+            # reversed twice: an id taken again counts from its last taking.
+            latest = dict.fromkeys(reversed(self._fresh))
+            self._fresh = [job_id for job_id in reversed(latest) if job_id in tokens]
+            self._exact = True
+        return self._fresh
+
+    def _taken(self, job_id: str, ts: int) -> None:
+        """Stamp a new lock ``ts`` and put it among the fresh ones."""
+        if ts == self._ts:
+            ts = self._ts
+        else:
+            self._ts = ts
+        self.stamps[job_id] = ts
+        if ts > self.newest:  # noqa: PLR1730 (no call of max on the hot path)
+            self.newest = ts
+        fresh = self._fresh
+        fresh.append(job_id)
+        if len(fresh) > _FRESH_SLACK + 2 * len(self.tokens):
+            # Tracked and untracked with no tick between: read it to drop the gone.
+            self._live_fresh()
 
     def claims(self, job_id: str) -> tuple[Claim, ...]:
         """Return the claims on ``job_id``'s lock (none if it is not tracked)."""
@@ -301,8 +351,7 @@ class JobTable:
         if held is None and notify is None and max_hold is None and not releasing:
             # A plain new job, as most are: nothing else to look at.
             self.tokens[job_id] = token
-            self.stamps[job_id] = ts
-            self.fresh[job_id] = None
+            self._taken(job_id, ts)
             return None
         if (
             held == token
@@ -317,9 +366,10 @@ class JobTable:
         if held != token:
             if held is not None:
                 self.changes += 1
+                if self._fresh:
+                    self._exact = False  # it may be among them already
             self.tokens[job_id] = token
-            self.stamps[job_id] = ts
-            self.fresh[job_id] = None
+            self._taken(job_id, ts)
             gone = self.watches.pop(job_id, None)
             self.deadlines.unwatch(job_id)
             if held is not None and gone is not None and gone.targets:
@@ -357,8 +407,11 @@ class JobTable:
             # The one plain claim, as most jobs have: inlined, an untrack is hot.
             del self.tokens[job_id]
             del self.stamps[job_id]
-            self.fresh.pop(job_id, None)
             self.changes += 1
+            if self._fresh:
+                self._exact = False
+            if not self.tokens:
+                self.newest = _NEVER
             if self.touched is not None:
                 self.touched[job_id] = None
             return Ended(held, PLAIN_ONLY, True)
@@ -415,7 +468,10 @@ class JobTable:
             self.touched[job_id] = None
         del self.tokens[job_id]
         del self.stamps[job_id]
-        self.fresh.pop(job_id, None)
+        if self._fresh:
+            self._exact = False
+        if not self.tokens:
+            self.newest = _NEVER
         self.watches.pop(job_id, None)
         self.deadlines.unwatch(job_id)
 
@@ -439,6 +495,14 @@ class JobTable:
         ``ts < now``, so that a lost lock is found within one interval.
         """
         stamps, tokens = self.stamps, self.tokens
+        if self.newest + threshold < now:
+            # Every job is due, as when one batch renewed them all: no pass in Python.
+            due = list(stamps)
+            due_tokens = list(tokens.values())
+            oldest = min(stamps.values(), default=None)
+            if self._fresh and due:
+                due, due_tokens = self._fresh_first(due, due_tokens, now, threshold, every=True)
+            return Due(due, due_tokens, oldest)
         # One mask for all three: the two dicts gain and lose keys together, in one order.
         mask = due_mask(stamps, now, threshold)
         due = list(compress(stamps, mask))
@@ -456,49 +520,90 @@ class JobTable:
                 due_tokens.extend(map(tokens.__getitem__, watched))
                 # Later than the cutoff: older than any plainly due stamp only when none is due.
                 oldest = min(map(stamps.__getitem__, watched)) if oldest is None else oldest
-        if self.fresh and due:
+        if self._fresh and due:
             due, due_tokens = self._fresh_first(due, due_tokens, now, threshold)
         return Due(due, due_tokens, oldest)
 
     def _fresh_first(
-        self, due: list[str], due_tokens: list[str], now: int, threshold: int
+        self,
+        due: list[str],
+        due_tokens: list[str],
+        now: int,
+        threshold: int,
+        *,
+        every: bool = False,
     ) -> tuple[list[str], list[str]]:
         stamps, watches = self.stamps, self.watches
         cutoff = now - threshold
-        # The fresh jobs in ``due`` (the rule above), found without a pass over ``due``.
-        first = [
-            job_id
-            for job_id in self.fresh
-            if stamps[job_id] < cutoff
-            or (
-                (watch := watches.get(job_id)) is not None
-                and watch.targets
-                and stamps[job_id] < now
-            )
-        ]
+        fresh = self._live_fresh()
+        # The fresh jobs in ``due`` (the rule above), found without a pass over
+        # ``due``; all of them when ``every`` job is due.
+        first = (
+            fresh
+            if every
+            else [
+                job_id
+                for job_id in fresh
+                if stamps[job_id] < cutoff
+                or (
+                    (watch := watches.get(job_id)) is not None
+                    and watch.targets
+                    and stamps[job_id] < now
+                )
+            ]
+        )
         if not first:
             return due, due_tokens
-        first_tokens = list(map(self.tokens.__getitem__, first))
         count = len(first)
         if due[-count:] == first:
             # As a rule the fresh jobs are the newest, last: moving them is a slice.
-            return first + due[:-count], first_tokens + due_tokens[:-count]
-        fresh = self.fresh
-        rest = [i for i, job_id in enumerate(due) if job_id not in fresh]
+            if count == len(due):
+                return due, due_tokens
+            return first + due[:-count], due_tokens[-count:] + due_tokens[:-count]
+        first_tokens = list(map(self.tokens.__getitem__, first))
+        led = dict.fromkeys(first)
+        rest = [i for i, job_id in enumerate(due) if job_id not in led]
         return first + [due[i] for i in rest], first_tokens + [due_tokens[i] for i in rest]
 
-    def stamp(self, job_ids: Sequence[str], ts: int) -> None:
-        """Stamp ``job_ids`` (in the order :meth:`due` gave) as renewed at ``ts`` (monotonic ms)."""
-        fresh = self.fresh
-        if fresh:
+    def stamp(
+        self,
+        job_ids: Sequence[str],
+        ts: int,
+        pause: Callable[[], object] | None = None,
+        *,
+        raise_only: bool = False,
+    ) -> None:
+        """Stamp ``job_ids`` (in the order :meth:`due` gave) as renewed at ``ts`` (monotonic ms).
+
+        With ``pause``, it is called before each :data:`STAMP_SLICE` stamps (a
+        thread yields the interpreter there). With ``raise_only``, a later stamp
+        stays (a renewal confirmed by another side, after a newer lock was taken).
+        """
+        if self._fresh:
+            fresh = self._live_fresh()
             # The fresh ones lead (see due); renewed once, they are fresh no more.
-            for job_id in job_ids:
-                if job_id not in fresh:
-                    break
-                del fresh[job_id]
+            if list(job_ids[: len(fresh)]) == fresh:
+                self._fresh = []  # all of them, as after a burst of tracks
+            else:
+                left = dict.fromkeys(fresh)
+                for job_id in job_ids:
+                    if job_id not in left:
+                        break
+                    del left[job_id]
+                self._fresh = list(left)
         stamps = self.stamps
-        for job_id in job_ids:
-            stamps[job_id] = ts
+        size = STAMP_SLICE if pause is not None else max(len(job_ids), 1)
+        for start in range(0, len(job_ids), size):
+            if pause is not None:
+                pause()
+            if raise_only:
+                for job_id in job_ids[start : start + size]:
+                    if stamps[job_id] < ts:  # noqa: PLR1730 (no call of max per job)
+                        stamps[job_id] = ts
+            else:
+                for job_id in job_ids[start : start + size]:
+                    stamps[job_id] = ts
+        self.newest = max(self.newest, ts)
 
     def over_hold(self, now: int) -> list[str]:
         """Return the ids of the jobs with a claim whose hold end is at or before ``now``."""

@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from actors.report import Stats
     from actors.timer import Timer, TimerFactory
 
-__all__ = ["ISOLATIONS", "LockManager", "require_isolation"]
+__all__ = ["ISOLATIONS", "LockManager", "require_isolation", "yield_interpreter"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +109,9 @@ class Landed:
     released: int | BaseException
 
 
+#: Most seconds a closing mailbox waits for the puts already begun.
+CLOSE_WAIT_S: Final = 1.0
+
 #: Put in the mailbox's queue for a message that jumped it: wakes a waiting ``get``.
 _JUMPED: Final = object()
 
@@ -122,8 +125,10 @@ class TicksFirst:
 
     pykka's mailbox protocol (``put``, ``get``, ``empty``), read by the
     manager's thread alone. Built on ``queue.SimpleQueue`` (C, no condition
-    variable): a tell costs its sender one uncontended lock and one put, where
-    ``queue.Queue`` takes a condition's lock on both sides of every message.
+    variable), and a sender takes no lock: a lock shared by many callers
+    stalls them all behind whichever one the interpreter switched out while
+    it held it (eight callers told three times slower). ``queue.Queue`` takes
+    a condition's lock on both sides of every message.
     """
 
     def __init__(self, urgent: tuple[type, ...] = ()) -> None:
@@ -131,11 +136,13 @@ class TicksFirst:
         self.urgent = urgent or (Fired, Landed)
         #: The envelope taken last: an ask whose answer comes later takes its reply.
         self.current: Any = None
-        #: Set, under :attr:`_closing`, as the manager begins to stop: a
-        #: message is then either in already (answered, or refused by the
-        #: manager's last pass over the mailbox) or refused here, never left unread.
+        #: Set as the manager begins to stop: a message is then either in
+        #: already (answered, or refused by the manager's last pass over the
+        #: mailbox) or refused here, never left unread.
         self.closed = False
-        self._closing = threading.Lock()
+        #: One item per sender between its look at :attr:`closed` and its put
+        #: (appends and pops are atomic): :meth:`close` waits until it is empty.
+        self._putting: list[None] = []
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         #: The messages that jumped the queue (each with a :data:`_JUMPED` in it).
         self._first: collections.deque[Any] = collections.deque()
@@ -148,13 +155,17 @@ class TicksFirst:
         Raises:
             pykka.ActorDeadError: The manager is stopping.
         """
-        with self._closing:
+        putting = self._putting
+        putting.append(None)
+        try:
             if self.closed:
                 raise pykka.ActorDeadError("the manager is stopping")
             if type(item.message) in self.urgent:
                 self._first.append(item)
                 item = _JUMPED
             self._queue.put(item)
+        finally:
+            putting.pop()
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         """Take the next envelope, waiting for one unless ``block`` is false.
@@ -200,9 +211,13 @@ class TicksFirst:
                 return False
 
     def close(self) -> None:
-        """Refuse every message from now on."""
-        with self._closing:
-            self.closed = True
+        """Refuse every message from now on; return once every put begun before is in."""
+        self.closed = True
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        # A sender past its look at ``closed`` puts within a few bytecodes;
+        # one frozen there (interpreter shutdown) is not waited for past the deadline.
+        while self._putting and time.monotonic() < deadline:
+            time.sleep(0.0001)
 
 
 # -- the renewal thread -----------------------------------------------------------
@@ -480,6 +495,8 @@ class LockManager(pykka.ThreadingActor):
         )
         #: The thread user code runs on.
         self.delivery = self._reporter.thread
+        #: What a track has to tell (kept empty until a track tells something).
+        self._told = Report()
         self._alarm = Alarm(keys.name, self.clock, timing.interval)
         #: The manager's own thread, once it has started.
         self.thread: threading.Thread | None = None
@@ -601,6 +618,12 @@ class LockManager(pykka.ThreadingActor):
 
     # -- messages -------------------------------------------------------------------
 
+    def _handle_receive(self, message: Any) -> Any:
+        # pykka's dispatch looks for its own messages first: the manager's go straight in.
+        if type(message) in self._handlers:
+            return self.on_receive(message)
+        return super()._handle_receive(message)
+
     def on_receive(self, message: Any) -> Any:
         """Handle one message; a malformed or unknown one is logged and dropped."""
         handler = self._handlers.get(type(message))
@@ -645,12 +668,15 @@ class LockManager(pykka.ThreadingActor):
         # A stamp is never later than now: a lock never looks younger than it is.
         ts = now if message.ts is None or message.ts > now else message.ts
         hold = self._max_hold if message.max_hold is None else message.max_hold
-        report = Report()
+        # Kept empty between tracks: a track seldom has anything to tell.
+        report = self._told
         made = self._books.track(
             job_id, message.token, ts, notify, hold, message.keep, margin, report, message.releasing
         )
-        # Told at once: the old lock's targets learn it is another run's now.
-        self._reporter.send(report)
+        if report.tells:
+            # Told at once: the old lock's targets learn it is another run's now.
+            self._told = Report()
+            self._reporter.send(report)
         if not made or notify is None:
             return None
         validity = self._books.jobs.valid.get(job_id)
@@ -661,7 +687,7 @@ class LockManager(pykka.ThreadingActor):
 
     def _on_untrack(self, message: m.UntrackJob) -> None:
         """``handle_cast({:untrack_job, job_id})``: end the caller's claims."""
-        self._books.untrack(message.job_id, message.token, message.notify)
+        self._books.jobs.untrack(message.job_id, message.token, message.notify)
 
     # -- the tick -------------------------------------------------------------------
 
@@ -756,19 +782,30 @@ class LockManager(pykka.ThreadingActor):
                 extra={"queue": self.queue_name},
             )
         report = flight.report
-        self._books.apply(
-            flight.due,
-            flight.tokens,
-            landed.outcome,
-            flight.at,
-            landed.answered,
-            report,
-            changes=flight.changes,
-            why=self._why(0),
-        )
+        whole = self._books.renewed_whole(flight.due, landed.outcome, flight.changes)
+        if whole:
+            # Stamped once the report is on its way: only this thread reads
+            # the stamps, and it reads them after this handler. (A copy for
+            # the callback, which may change its list meanwhile.)
+            report.renewed.extend(flight.due)
+        else:
+            self._books.apply(
+                flight.due,
+                flight.tokens,
+                landed.outcome,
+                flight.at,
+                landed.answered,
+                report,
+                changes=flight.changes,
+                why=self._why(0),
+            )
         self._renewed(report, len(flight.due), flight, landed)
         self._arm()
         self._reporter.send(report, flight.replies)
+        if whole:
+            # In slices, yielding between them: the delivery and the asker it
+            # wakes need not wait for all of them.
+            self._books.jobs.stamp(flight.due, flight.at, pause=yield_interpreter)
         if self._waiting is not None:
             grid, replies = self._waiting
             self._waiting = None
@@ -848,6 +885,11 @@ class LockManager(pykka.ThreadingActor):
         Fired: _on_fired,
         Landed: _on_landed,
     }
+
+
+def yield_interpreter() -> None:
+    """Let any other thread waiting for the interpreter run now."""
+    time.sleep(0)
 
 
 def _checked(answer: object) -> BatchOutcome:

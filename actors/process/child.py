@@ -18,8 +18,11 @@ import logging
 import os
 import pickle
 import signal
+import time
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, Final
+
+import msgpack
 
 from actors.books import Books, Report
 from actors.connection import client_like, command_timeout
@@ -210,7 +213,12 @@ class Child:
                 outcome = exc
         answered = monotonic_ms()
         report = Report()
-        books.apply(due, tokens, outcome, at, answered, report)
+        # All renewed, nothing watched: stamped once the word is on its way.
+        whole = bool(due) and books.renewed_whole(due, outcome, jobs.changes)
+        if whole:
+            report.renewed = due
+        else:
+            books.apply(due, tokens, outcome, at, answered, report)
         cells, slots = self._cells, self._slots
         if slots:
             for job_id in report.renewed:
@@ -234,7 +242,7 @@ class Child:
             calls=-(-len(due) // self._max_batch),
             elapsed_ms=float(answered - now),
             answered=answered,
-            renewed=report.renewed,
+            renewed=msgpack.packb(report.renewed),
             lost=[(lost.job_id, lost.token, lost.reason, lost.detail) for lost in report.lost],
             error=None if report.error is None else portable(report.error),
             unknown=report.unknown,
@@ -244,6 +252,9 @@ class Child:
         )
         self._requests, self._freed = [], []
         self._out.put(("tick", tick))
+        if whole:
+            # In slices, yielding to the writer thread that sends the word.
+            jobs.stamp(due, at, pause=_yield)
 
     def _end(self, *, release: bool) -> int:
         """When the worker is gone, delete the locks still holding its tokens; then exit (0)."""
@@ -254,6 +265,11 @@ class Child:
         self._out.close(WAIT_S)
         self._client.close()
         return 0
+
+
+def _yield() -> None:
+    """Let the writer thread run now if it waits for the interpreter."""
+    time.sleep(0)
 
 
 def _parent_handle(parent: int) -> int | None:

@@ -28,6 +28,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
+import msgpack
 import pykka
 import redis
 import redis.asyncio
@@ -36,7 +37,7 @@ from pykka._envelope import Envelope
 import actors.messages as m
 from actors.books import Report
 from actors.connection import client_like, client_settings, command_timeout, encoding, is_cluster
-from actors.lock_manager import Fired, LockManager, TicksFirst
+from actors.lock_manager import Fired, LockManager, TicksFirst, yield_interpreter
 from actors.process.shared import Cells, SharedValidity, Tick, Writer
 from actors.scripts import DEFAULT_MAX_BATCH
 from actors.timer import ThreadTimer
@@ -561,7 +562,7 @@ class ProcessLockManager(LockManager, isolation="process"):
             orphans = self._bury(report)
             if orphans:
                 self._outbox.append(("release", orphans))
-        held, stamps = jobs.tokens, jobs.stamps
+        held = jobs.tokens
         for job_id, token, reason, detail in tick.lost:
             if held.get(job_id) != token:
                 continue
@@ -570,14 +571,15 @@ class ProcessLockManager(LockManager, isolation="process"):
             else:
                 books.forget(job_id, reason, report, token=token, detail=detail)  # type: ignore[arg-type]
         at = tick.at
-        renewed = [job_id for job_id in tick.renewed if job_id in held]
-        for job_id in renewed:
-            # By id: a newer lock of the job was taken after this renewal ran.
-            stamps[job_id] = max(stamps[job_id], at)
-        if jobs.valid:
+        renewed: list[str] = list(filter(held.__contains__, msgpack.unpackb(tick.renewed)))
+        # By id, never lowered: a newer lock of the job may have been taken after this renewal ran.
+        later = not jobs.valid
+        if not later:
+            jobs.stamp(renewed, at, raise_only=True)
             books.unconfirmed(now, report, why=self._why(0))
         if self._reporter.wants_renewed:
-            report.renewed = renewed
+            # A copy: the callback may change its list while the stamps are set.
+            report.renewed = list(renewed) if later else renewed
         report.error, report.unknown = tick.error, tick.unknown
         if tick.jobs:
             self._reporter.batch(tick.jobs, tick.calls, tick.elapsed_ms)
@@ -591,6 +593,9 @@ class ProcessLockManager(LockManager, isolation="process"):
         replies = [self._extends.pop(r) for r in tick.requests if r in self._extends]
         self._arm()
         self._reporter.send(report, replies)
+        if later:
+            # Nothing watched reads them: stamped after the report, yielding to its delivery.
+            jobs.stamp(renewed, at, pause=yield_interpreter, raise_only=True)
 
     def _restore(self) -> None:
         """Give a new child every lock, with the time of its last confirmed renewal."""

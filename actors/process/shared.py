@@ -50,8 +50,9 @@ class Tick:
     elapsed_ms: float
     #: When the answer was read, in monotonic ms.
     answered: int
-    #: The ids renewed, in the batch's order (the worker's stamps follow them).
-    renewed: list[str]
+    #: The ids renewed, in the batch's order (the worker's stamps follow
+    #: them), as a msgpack array: a third of pickle's time each way.
+    renewed: bytes
     #: Each lost lock: ``(job_id, token, reason, detail)``.
     lost: list[tuple[str, str, str, str]]
     #: The error of a renewal that did not run, and how many jobs it left unknown.
@@ -190,6 +191,9 @@ class Writer:
         self._words: queue.SimpleQueue[tuple[Any, ...] | Callable[[], object] | None] = (
             queue.SimpleQueue()
         )
+        # Set once the thread ended: a callback given after that runs at once.
+        self._ended = False
+        self._end_lock = threading.Lock()
         self._thread = threading.Thread(target=self._write, name=name, daemon=True)
         self._thread.start()
 
@@ -201,9 +205,16 @@ class Writer:
     def then(self, sent: Callable[[], object]) -> None:
         """Call ``sent`` on this thread once every word put before it is in the socket.
 
-        Called as well if the other side is gone, since nothing will be sent any more.
+        Called as well if the other side is gone, since nothing will be sent any
+        more; once this writer has ended, at once on the caller's thread (an ask
+        answered when its words are sent is never left unanswered).
         """
-        self._words.put(sent)
+        with self._end_lock:
+            if not self._ended:
+                self._words.put(sent)
+                return
+        with contextlib.suppress(Exception):
+            sent()
 
     def close(self, timeout: float) -> None:
         """Send what is queued, then end (waiting at most ``timeout`` seconds)."""
@@ -233,8 +244,22 @@ class Writer:
                     self._conn.send(batch)
                 except (OSError, ValueError):
                     gone = True  # the other side is gone: only the callbacks still run
+            if end:
+                with self._end_lock:
+                    self._ended = True
+                after += self._left_behind()
             for sent in after:
                 with contextlib.suppress(Exception):
                     sent()
             if end:
                 return
+
+    def _left_behind(self) -> list[Callable[[], object]]:
+        """The callbacks queued after the end: their words will never be sent."""
+        left = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                word = self._words.get_nowait()
+                if callable(word):
+                    left.append(word)
+        return left

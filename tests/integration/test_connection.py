@@ -150,16 +150,17 @@ SENTINEL = ("127.0.0.1", 26379)
 
 def _not_naming_its_server(shape: str) -> object:
     """A client, or a dict holding a pool, whose settings do not say which server it reaches."""
+    # Any: redis-py typed its sentinel classes only in later releases.
+    sentinel_module: Any = redis.sentinel
     if shape == "pool_dict_no_host":
         return {"connection_pool": redis.asyncio.ConnectionPool()}
     if shape == "asyncio_sentinel_client":
-        sentinels = redis.asyncio.sentinel.Sentinel([SENTINEL])  # type: ignore[no-untyped-call]
-        return sentinels.master_for("m")
-    sentinel = redis.sentinel.Sentinel([SENTINEL])  # type: ignore[no-untyped-call]
+        async_sentinel_module: Any = redis.asyncio.sentinel
+        return async_sentinel_module.Sentinel([SENTINEL]).master_for("m")
+    sentinel = sentinel_module.Sentinel([SENTINEL])
     if shape == "sentinel_pool_dict":
-        pool = redis.sentinel.SentinelConnectionPool("m", sentinel)  # type: ignore[no-untyped-call]
-        return {"connection_pool": pool}
-    return sentinel.master_for("m")  # type: ignore[no-untyped-call]
+        return {"connection_pool": sentinel_module.SentinelConnectionPool("m", sentinel)}
+    return sentinel.master_for("m")
 
 
 @pytest.mark.parametrize(

@@ -285,6 +285,41 @@ def test_queries_are_answered_while_a_new_child_starts(
     stop(manager)
 
 
+def test_tracks_and_leases_asked_while_a_new_child_starts_are_answered(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    # Catches: an ask answered once its words are in the child's socket, put to
+    # the writer of a child already dead, never answered (a lease entered then
+    # waited out its deadline, and its exit forever).
+    recorder = Renewals()
+    manager = _start(server, recorder)
+    tokens = take_locks(redis_client, KEYS, ["j"], LOCK_MS)
+    track_job(manager, "j", tokens["j"], notify=JobActor.start())
+    wait_for(lambda: recorder.renewed()["j"] >= 1, SOON_S, "a renewal")
+    [first] = children()
+    killed = time.monotonic()
+    os.kill(first, signal.SIGKILL)
+    # While the next child starts, each waited track and each lease is answered at once
+    slowest, asked, i = 0.0, [], 0
+    deadline = killed + SOON_S
+    while not recorder.renewed(since=killed)["j"] and time.monotonic() < deadline:
+        job_id, token = f"k{i}", str(uuid.uuid4())
+        started = time.monotonic()
+        if i % 2:
+            track_job(manager, job_id, token, wait=True, timeout=SOON_S)
+        else:
+            with lease(manager, job_id, token):
+                pass
+        asked.append(started)
+        slowest = max(slowest, time.monotonic() - started)
+        i += 1
+    restarted = recorder.first("j", killed)
+    assert [at for at in asked if at < restarted], "nothing asked during the restart"
+    # well under the trust window a lease would otherwise wait at its entry
+    assert slowest < manager.trusted_for() / 1000 / 2, slowest
+    stop(manager)
+
+
 def test_a_lease_with_no_shared_cell_follows_the_childs_word(
     server: Server, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:

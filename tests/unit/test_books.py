@@ -484,3 +484,24 @@ def test_an_untrack_tells_nobody() -> None:
     assert ended is not None and ended.last
     assert "j" not in books.jobs
     assert books.lost.get("j", "t-j") is None
+
+
+def test_a_batch_renewed_whole_with_the_books_unchanged_may_be_stamped_later() -> None:
+    # The manager then reports first and stamps after: apply would do no more.
+    books = tracked("a", "b")
+    due = books.jobs.due(AT, 100).ids
+    taken = books.jobs.changes
+
+    assert books.renewed_whole(due, BatchOutcome([], []), taken)
+    assert not books.renewed_whole(due, BatchOutcome(["a"], []), taken)
+    assert not books.renewed_whole(due, RuntimeError("down"), taken)
+    books.untrack("b", None, None)
+    assert not books.renewed_whole(due, BatchOutcome([], []), taken)
+
+
+def test_a_batch_with_a_watched_lock_is_never_stamped_later() -> None:
+    books = tracked("a")
+    books.track("w", "t-w", 0, Inbox(), None, False, None, Report())
+    due = books.jobs.due(AT, 100).ids
+
+    assert not books.renewed_whole(due, BatchOutcome([], []), books.jobs.changes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.jobs import Claim, Ended, JobTable, LostLocks, Validity
+from actors.jobs import STAMP_SLICE, Claim, Ended, JobTable, LostLocks, Validity
 from tests.support import Silent
 
 THRESHOLD = 100
@@ -110,6 +110,75 @@ def test_untracking_forgets_that_it_was_fresh() -> None:
     jobs = table()
     jobs.track("a", "t", 0)
     jobs.untrack("a")
+    assert jobs.fresh == {}
+
+
+def test_when_every_job_is_due_the_batch_is_the_whole_table_unrenewed_first() -> None:
+    jobs = table_with_renewed(3, at=1000)
+    jobs.track("new", "t", 1050)
+    jobs.untrack("old-1")
+
+    due, tokens, oldest = jobs.due(5000, THRESHOLD)
+
+    assert due == ["new", "old-0", "old-2"]
+    assert tokens == ["t", "t", "t"]
+    assert oldest == 1000
+
+
+def test_a_table_emptied_and_filled_again_with_older_stamps_is_due_again() -> None:
+    jobs = table_with_renewed(2, at=5000)
+    for job_id in ("old-0", "old-1"):
+        jobs.untrack(job_id)
+    jobs.track("old-0", "t", 100)
+
+    assert jobs.due(300, THRESHOLD).ids == ["old-0"]
+
+
+def test_tracks_of_one_millisecond_share_one_stamp() -> None:
+    # Memory: a burst of tracks keeps one int per millisecond, not one per job.
+    jobs = table()
+    for i in range(3):
+        jobs.track(f"j{i}", "t", int("123456789"))
+
+    assert len({id(ts) for ts in jobs.stamps.values()}) == 1
+
+
+def test_jobs_tracked_and_untracked_between_ticks_leave_nothing_behind() -> None:
+    jobs = table()
+    for i in range(20_000):
+        jobs.track(f"j{i}", "t", 0)
+        jobs.untrack(f"j{i}")
+    jobs.track("kept", "t", 0)
+
+    assert len(jobs._fresh) < 10_000
+    assert list(jobs.fresh) == ["kept"]
+
+
+def test_a_job_tracked_again_while_fresh_counts_from_its_last_taking() -> None:
+    jobs = table()
+    jobs.track("a", "t", 0)
+    jobs.track("b", "t", 0)
+    jobs.untrack("a")
+    jobs.track("a", "t", 10)
+    jobs.track("b", "t2", 20)
+
+    assert list(jobs.fresh) == ["a", "b"]
+    assert jobs.due(1000, THRESHOLD).ids == ["a", "b"]
+
+
+def test_stamping_pauses_between_slices_and_can_keep_later_stamps() -> None:
+    jobs = table()
+    ids = [f"j{i}" for i in range(STAMP_SLICE + 1)]
+    for job_id in ids:
+        jobs.track(job_id, "t", 0)
+    jobs.track("j0", "t2", 900)  # a newer lock, taken after the renewal ran
+    pauses: list[None] = []
+
+    jobs.stamp(ids, 500, pause=lambda: pauses.append(None), raise_only=True)
+
+    assert len(pauses) == 2
+    assert jobs.stamps["j0"] == 900
+    assert jobs.stamps["j1"] == jobs.stamps[ids[-1]] == 500
     assert jobs.fresh == {}
 
 
