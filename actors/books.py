@@ -293,10 +293,13 @@ class Books:
         report.lost.append(LostLock(LockLost(job_id, held, reason, detail)))
 
     def released(self, job_id: str) -> None:
-        """Untrack a lock its holder deleted itself (a move): no loss, nobody told."""
-        ended = self.jobs.untrack(job_id, everyone=True)
-        if ended is not None:
-            self._remember(job_id, ended, EXPIRED)
+        """Untrack a lock its holder deleted itself (a move): no loss, nobody told.
+
+        Not remembered as lost: the same token may take the job again (a
+        retry fetched at once), and a track of a lock that is gone finds it
+        gone at its first renewal, and says so.
+        """
+        self.jobs.untrack(job_id, everyone=True)
 
     def _tell(self, job_id: str, ended: Ended, reason: Reason, detail: str, report: Report) -> None:
         # One LockLost each: a target that raises its message must not leave

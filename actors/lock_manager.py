@@ -748,6 +748,10 @@ class LockManager(pykka.ThreadingActor):
         due, tokens, oldest = jobs.due(at, self._timing.threshold)
         self._arm()
         if due or orphans:
+            if report:
+                # What this tick decided is told now, not once the renewal lands.
+                self._reporter.send(report)
+                report = Report()
             oldest = at if oldest is None else oldest
             flight = Flight(due, tokens, at, oldest, jobs.changes, late, orphans, replies, report)
             self._flight = flight

@@ -11,6 +11,7 @@ report; these tests hold the two ends of it for a 2,000 ms lock.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -18,9 +19,10 @@ import redis
 
 from actors import Timing, get_stats, lease, stop, track_job
 from actors.connection import command_timeout
-from actors.messages import LockLost
+from actors.messages import MAX_HOLD, LockLost
+from actors.timing import monotonic_ms
 from tests.faults.conftest import KEYS, first_round_s
-from tests.support import Inbox, job_ids, take_locks, wait_ticks, watch_locks
+from tests.support import Inbox, job_ids, take_locks, wait_for, wait_ticks, watch_locks
 
 if TYPE_CHECKING:
     from tests.faults.conftest import FaultRecord
@@ -263,4 +265,37 @@ def test_a_first_renewal_over_a_slow_link_is_one_round_trip_and_trusted(
     stats = get_stats(manager, timeout=10)
     assert stats.errors == 0
     assert direct.get(KEYS.lock("cold")) == tokens["cold"].encode()
+    stop(manager, timeout=30)
+
+
+def test_a_hold_limit_reached_while_a_slow_renewal_is_sent_is_told_at_once(
+    proxy: FaultProxy, direct: redis.Redis, reports: Recorder
+) -> None:
+    # A claim past its hold limit was decided at a tick that sent a renewal,
+    # and told only when that renewal landed (a round trip later) or at the
+    # next fire of the timer: a job actor went on past its limit meanwhile.
+    # The hold limit is reached long before the lock's deadline (8.75 s after
+    # its taking), however late a loaded machine's ticks and renewals come.
+    lock_ms, delay_s, max_hold = 10_000, 0.8, 1000
+    interval = Timing(lock_ms).interval
+    plain = take_locks(direct, KEYS, job_ids(8, "plain"), 30 * lock_ms)
+    held = take_locks(direct, KEYS, ["held"], 30 * lock_ms)
+    manager = reports.start(proxy.url, KEYS, lock_duration=lock_ms)
+    proxy.latency = delay_s
+    now = monotonic_ms()
+    # Taken at times spread over two intervals: some are due at every tick,
+    # so the tick that ends the claim sends a renewal.
+    for n, (job_id, token) in enumerate(plain.items()):
+        track_job(manager, job_id, token, ts=now - n * interval // 4)
+    target = Inbox()
+    track_job(manager, "held", held["held"], ts=now, notify=target, max_hold=max_hold)
+
+    wait_for(lambda: target.timed, timeout=(max_hold + 2 * interval) / 1000 + 2 * delay_s + 5)
+
+    [(told_at, lost)] = target.timed
+    assert lost.reason == MAX_HOLD
+    past = re.search(r"held past its hold limit by (\d+) ms", lost.detail)
+    assert past is not None, lost.detail
+    decided = (now + max_hold + int(past.group(1))) / 1000
+    assert told_at - decided < delay_s / 2
     stop(manager, timeout=30)

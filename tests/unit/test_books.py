@@ -265,8 +265,23 @@ def test_a_lock_its_holder_is_deleting_found_gone_is_no_loss() -> None:
 
     assert report.lost == [] and report.tells == [] and report.renewed == []
     assert "a" not in books.jobs
-    # Tracked again by a late progress hook, the released lock is not renewed again.
-    assert not books.track("a", "t-a", AT, None, None, False, None, Report())
+
+
+def test_a_job_taken_again_with_the_token_of_its_released_lock_is_renewed_and_watched() -> None:
+    # A retry fetched at once by the same worker may carry the token of the run that moved it.
+    books = tracked("a")
+    first, second = Inbox(), Inbox()
+    watch(books, "a", first, releasing=True)
+    apply(books, BatchOutcome(["a"], [], {"a": EXPIRED}))
+
+    report = Report()
+    assert books.track("a", "t-a", AT + 1, second, None, False, None, report)
+    assert report.tells == [] and "a" in books.jobs
+
+    # Renewed as any lock: found gone now, it is lost and its new holder is told.
+    report = apply(books, BatchOutcome(["a"], [], {"a": EXPIRED}))
+    assert told(report) == [(second, LockLost("a", "t-a", EXPIRED))]
+    assert [lost.reason for lost in report.lost] == [EXPIRED]
 
 
 def test_a_lock_its_holder_is_deleting_found_stolen_is_lost() -> None:
