@@ -23,6 +23,18 @@ def backtrack(n: int) -> float:
     return time.perf_counter() - started
 
 
+def backtrack_for(n: int, seconds: float) -> float:
+    """Match as :func:`backtrack` does, again and again until ``seconds`` have passed.
+
+    Returns how long it took, in seconds: at least ``seconds``, whatever the
+    machine's load does to each match.
+    """
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        backtrack(n)
+    return time.perf_counter() - started
+
+
 def size_for(seconds: float) -> int:
     """Return the ``n`` whose :func:`backtrack` takes about ``seconds`` here, now.
 

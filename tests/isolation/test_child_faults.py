@@ -315,8 +315,9 @@ def test_tracks_and_leases_asked_while_a_new_child_starts_are_answered(
         i += 1
     restarted = recorder.first("j", killed)
     assert [at for at in asked if at < restarted], "nothing asked during the restart"
-    # well under the trust window a lease would otherwise wait at its entry
-    assert slowest < manager.trusted_for() / 1000 / 2, slowest
+    # short of the trust window a lease would otherwise wait at its entry (a
+    # loaded machine's scheduling allowed for)
+    assert slowest < 0.8 * manager.trusted_for() / 1000, (slowest, len(asked))
     stop(manager)
 
 
