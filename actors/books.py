@@ -293,13 +293,14 @@ class Books:
         report.lost.append(LostLock(LockLost(job_id, held, reason, detail)))
 
     def released(self, job_id: str) -> None:
-        """Untrack a lock its holder deleted itself (a move): no loss, nobody told.
+        """End the claims releasing a lock found gone (their move deleted it): nobody told.
 
         Not remembered as lost: the same token may take the job again (a
-        retry fetched at once), and a track of a lock that is gone finds it
-        gone at its first renewal, and says so.
+        retry fetched at once). Claims that were not releasing it (such a
+        retry's, tracked while the renewal was on its way) keep it tracked:
+        the next renewal finds whether it holds, and says so if not.
         """
-        self.jobs.untrack(job_id, everyone=True)
+        self.jobs.end_claims(job_id, lambda claim: claim.releasing)
 
     def _tell(self, job_id: str, ended: Ended, reason: Reason, detail: str, report: Report) -> None:
         # One LockLost each: a target that raises its message must not leave

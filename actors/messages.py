@@ -237,7 +237,9 @@ class TrackJob:
     safety_margin: int | None = None
     #: The holder is releasing the lock by a call that deletes it (a BullMQ
     #: move): the lock stays renewed until the claim ends, and found gone
-    #: meanwhile it ends quietly. Tracked again with ``False``: the release failed.
+    #: meanwhile this claim ends quietly (the lock's other claims stay, and
+    #: the next renewal tells them if it is gone). Tracked again with
+    #: ``False``: the release failed.
     releasing: bool = False
 
     def __post_init__(self) -> None:

@@ -257,7 +257,7 @@ def test_a_confirmed_renewal_moves_a_watched_locks_deadline_on() -> None:
 
 
 def test_a_lock_its_holder_is_deleting_found_gone_is_no_loss() -> None:
-    books = tracked("a")
+    books = Books(LOCK, MARGIN)
     target = Inbox()
     watch(books, "a", target, releasing=True)
 
@@ -265,6 +265,21 @@ def test_a_lock_its_holder_is_deleting_found_gone_is_no_loss() -> None:
 
     assert report.lost == [] and report.tells == [] and report.renewed == []
     assert "a" not in books.jobs
+
+
+def test_a_claim_not_releasing_a_lock_found_gone_hears_of_it_from_the_next_renewal() -> None:
+    books = tracked("a")
+    mover, watcher = Inbox(), Inbox()
+    watch(books, "a", mover, releasing=True)
+    watch(books, "a", watcher)
+
+    report = apply(books, BatchOutcome(["a"], [], {"a": EXPIRED}))
+    assert report.lost == [] and report.tells == []
+    assert [claim.target for claim in books.jobs.claims("a")] == [None, watcher]
+
+    report = apply(books, BatchOutcome(["a"], [], {"a": EXPIRED}))
+    assert told(report) == [(watcher, LockLost("a", "t-a", EXPIRED))]
+    assert [lost.reason for lost in report.lost] == [EXPIRED]
 
 
 def test_a_job_taken_again_with_the_token_of_its_released_lock_is_renewed_and_watched() -> None:
@@ -520,3 +535,26 @@ def test_a_batch_with_a_watched_lock_is_never_stamped_later() -> None:
     due = books.jobs.due(AT, 100).ids
 
     assert not books.renewed_whole(due, BatchOutcome([], []), books.jobs.changes)
+
+
+def test_a_same_token_retry_tracked_while_the_moves_renewal_is_out_keeps_its_lock() -> None:
+    # A retry fetched at once takes the job again with the token of the run
+    # that moved it, and is tracked (a claim of its own, not releasing) while
+    # the renewal that found the move's deletion is on its way. That renewal
+    # ran before the retry's fetch set the lock again: the retry keeps it.
+    books = tracked("a")
+    first, second = Inbox(), Inbox()
+    watch(books, "a", first, releasing=True)
+    flight, changes = batch(books), books.jobs.changes
+
+    report = Report()
+    assert books.track("a", "t-a", AT + 1, second, None, False, None, report)
+    assert report.tells == []
+
+    report = apply(books, BatchOutcome(["a"], [], {"a": EXPIRED}), due=flight, changes=changes)
+
+    assert report.tells == [] and report.lost == [] and report.renewed == []
+    assert books.jobs.watched("a") and not books.jobs.releasing("a")
+    assert [claim.target for claim in books.jobs.claims("a")] == [None, second]
+    # Not stamped: due at the next tick, whose renewal says whether the lock holds.
+    assert books.jobs.stamps["a"] < AT
