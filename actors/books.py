@@ -106,11 +106,6 @@ class Books:
             self.lost.add(job_id, old, STOLEN, targets)
         return True
 
-    def untrack(self, job_id: str, token: str | None, notify: Notify | None) -> Ended | None:
-        """End claims on a lock, untold (see :meth:`~actors.jobs.JobTable.untrack`)."""
-        # The target is only compared by identity: none of its code runs here.
-        return self.jobs.untrack(job_id, token, notify)
-
     def expire_holds(self, now: int, report: Report) -> None:
         """End the claims past their hold limit; a lock with none left is let go, and reported."""
         jobs = self.jobs

@@ -51,6 +51,7 @@ from actors.timing import (
     require_callback,
     require_int,
     resolution_ms,
+    yield_interpreter,
 )
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ if TYPE_CHECKING:
     from actors.report import Stats
     from actors.timer import Timer, TimerFactory
 
-__all__ = ["ISOLATIONS", "LockManager", "require_isolation", "yield_interpreter"]
+__all__ = ["ISOLATIONS", "LockManager", "require_isolation"]
 
 logger = logging.getLogger(__name__)
 
@@ -241,8 +242,6 @@ class Flight:
     release: list[tuple[str, str]]
     #: Asked ticks to answer once the renewal's report was delivered.
     replies: list[pykka.Future[Any]] = field(default_factory=list)
-    #: What the tick decided before it renewed: reported with the renewal's answer.
-    report: Report = field(default_factory=Report)
 
 
 class Renewals(threading.Thread):
@@ -706,11 +705,6 @@ class LockManager(pykka.ThreadingActor):
 
     def _on_time(self, scheduled: int | None, reply: pykka.Future[Any] | None) -> None:
         replies = [] if reply is None else [reply]
-        flight = self._flight
-        if flight is not None and flight.report:
-            # The renewal is slow to land: what its tick decided is told now.
-            self._reporter.send(flight.report)
-            flight.report = Report()
         taken = self._alarm.take(scheduled)
         if taken is None:
             self._reporter.send(Report(), replies)
@@ -747,17 +741,16 @@ class LockManager(pykka.ThreadingActor):
             books.unconfirmed(now, report, why=self._why(late))
         due, tokens, oldest = jobs.due(at, self._timing.threshold)
         self._arm()
-        if due or orphans:
-            if report:
-                # What this tick decided is told now, not once the renewal lands.
-                self._reporter.send(report)
-                report = Report()
-            oldest = at if oldest is None else oldest
-            flight = Flight(due, tokens, at, oldest, jobs.changes, late, orphans, replies, report)
-            self._flight = flight
-            self._renewals.send(flight, -(-len(due) // self._max_batch))
-        else:
+        if not (due or orphans):
             self._reporter.send(report, replies)
+            return
+        if report:
+            # What this tick decided is told now, not once the renewal lands.
+            self._reporter.send(report)
+        oldest = at if oldest is None else oldest
+        flight = Flight(due, tokens, at, oldest, jobs.changes, late, orphans, replies)
+        self._flight = flight
+        self._renewals.send(flight, -(-len(due) // self._max_batch))
 
     def _bury(self, report: Report) -> list[tuple[str, str]]:
         """End the claims of the holders that died; return the locks no claim holds any more."""
@@ -785,7 +778,7 @@ class LockManager(pykka.ThreadingActor):
                 landed.released,
                 extra={"queue": self.queue_name},
             )
-        report = flight.report
+        report = Report()
         whole = self._books.renewed_whole(flight.due, landed.outcome, flight.changes)
         if whole:
             # Stamped once the report is on its way: only this thread reads
@@ -889,11 +882,6 @@ class LockManager(pykka.ThreadingActor):
         Fired: _on_fired,
         Landed: _on_landed,
     }
-
-
-def yield_interpreter() -> None:
-    """Let any other thread waiting for the interpreter run now."""
-    time.sleep(0)
 
 
 def _checked(answer: object) -> BatchOutcome:

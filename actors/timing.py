@@ -46,6 +46,7 @@ __all__ = [
     "require_text",
     "resolution_ms",
     "select_due",
+    "yield_interpreter",
 ]
 
 #: Default lock TTL, in milliseconds, as every EchoMQ and BullMQ runtime uses.
@@ -140,6 +141,11 @@ def require_callback(value: Any, argument: str) -> None:
     """
     if value is not None and not callable(value):
         raise TypeError(f"{argument} must be callable or None, got {type(value).__name__}")
+
+
+def yield_interpreter() -> None:
+    """Let any other thread waiting for the interpreter run now."""
+    time.sleep(0)
 
 
 def monotonic_ms() -> int:

@@ -18,7 +18,6 @@ import logging
 import os
 import pickle
 import signal
-import time
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, Final
 
@@ -30,7 +29,7 @@ from actors.keys import QueueKeys
 from actors.messages import BatchOutcome
 from actors.process.shared import Tick, Writer, map_cells
 from actors.scripts import RedisRenewer
-from actors.timing import Timing, monotonic_ms, next_tick
+from actors.timing import Timing, monotonic_ms, next_tick, yield_interpreter
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -254,7 +253,7 @@ class Child:
         self._out.put(("tick", tick))
         if whole:
             # In slices, yielding to the writer thread that sends the word.
-            jobs.stamp(due, at, pause=_yield)
+            jobs.stamp(due, at, pause=yield_interpreter)
 
     def _end(self, *, release: bool) -> int:
         """When the worker is gone, delete the locks still holding its tokens; then exit (0)."""
@@ -265,11 +264,6 @@ class Child:
         self._out.close(WAIT_S)
         self._client.close()
         return 0
-
-
-def _yield() -> None:
-    """Let the writer thread run now if it waits for the interpreter."""
-    time.sleep(0)
 
 
 def _parent_handle(parent: int) -> int | None:

@@ -37,11 +37,11 @@ from pykka._envelope import Envelope
 import actors.messages as m
 from actors.books import Report
 from actors.connection import client_like, client_settings, command_timeout, encoding, is_cluster
-from actors.lock_manager import Fired, LockManager, TicksFirst, yield_interpreter
+from actors.lock_manager import Fired, LockManager, TicksFirst
 from actors.process.shared import Cells, SharedValidity, Tick, Writer
 from actors.scripts import DEFAULT_MAX_BATCH
 from actors.timer import ThreadTimer
-from actors.timing import DEFAULT_LOCK_DURATION, check_lock_duration
+from actors.timing import DEFAULT_LOCK_DURATION, check_lock_duration, yield_interpreter
 
 if TYPE_CHECKING:
     from collections.abc import Callable

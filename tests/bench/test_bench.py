@@ -279,6 +279,26 @@ class Workload:
         gc.collect()
 
 
+def track_all(ref: ManagerRef, workload: Workload) -> None:
+    """Track every job of ``workload`` with ``ref``; return once the manager has them all."""
+    for job_id, token in zip(workload.ids, workload.tokens, strict=True):
+        track_job(ref, job_id, token)
+    assert get_active_job_count(ref, timeout=ASK_TIMEOUT) == workload.size
+
+
+def asked_tick(ref: ManagerRef, renewed: list[int], size: int) -> float:
+    """Seconds an asked tick of ``ref`` takes, checked to renew all ``size`` locks.
+
+    ``renewed`` is the list ``on_locks_renewed`` appends each tick's count to.
+    """
+    ticks = len(renewed)
+    started = time.perf_counter()
+    ref.ask(ExtendLocks(), timeout=ASK_TIMEOUT)
+    elapsed = time.perf_counter() - started
+    assert renewed[ticks:] == [size], "the tick did not renew every lock"
+    return elapsed
+
+
 class TickContender:
     """A manager tracking every job of the workload, ticked by hand."""
 
@@ -297,21 +317,14 @@ class TickContender:
             # Ticked by hand only: the timer never fires by itself.
             timer=ManualTimer,
         )
-        for job_id, token in zip(workload.ids, workload.tokens, strict=True):
-            track_job(self.ref, job_id, token)
-        assert get_active_job_count(self.ref, timeout=ASK_TIMEOUT) == workload.size
+        track_all(self.ref, workload)
 
     def _on_renewed(self, job_ids: list[str]) -> None:
         self.renewed.append(len(job_ids))
 
     def run(self) -> float:
         self.clock.advance(ALL_DUE_MS)
-        ticks = len(self.renewed)
-        started = time.perf_counter()
-        self.ref.ask(ExtendLocks(), timeout=ASK_TIMEOUT)
-        elapsed = time.perf_counter() - started
-        assert self.renewed[ticks:] == [self.size], "the tick did not renew every lock"
-        return elapsed
+        return asked_tick(self.ref, self.renewed, self.size)
 
     def query_delay(self) -> float:
         """Seconds a query asked right after a tick's message waits for its answer."""
@@ -380,9 +393,7 @@ class ProcessTickContender:
             isolation="process",
         )
         [self.child] = wait_for(children, 30, "the manager's child process")
-        for job_id, token in zip(workload.ids, workload.tokens, strict=True):
-            track_job(self.ref, job_id, token)
-        assert get_active_job_count(self.ref, timeout=ASK_TIMEOUT) == workload.size
+        track_all(self.ref, workload)
 
     def _on_renewed(self, job_ids: list[str]) -> None:
         self.renewed.append(len(job_ids))
@@ -406,12 +417,7 @@ class ProcessTickContender:
             idle, used = (idle + 1 if now == used else 0), now
 
     def run(self) -> float:
-        ticks = len(self.renewed)
-        started = time.perf_counter()
-        self.ref.ask(ExtendLocks(), timeout=ASK_TIMEOUT)
-        elapsed = time.perf_counter() - started
-        assert self.renewed[ticks:] == [self.workload.size], "the tick did not renew every lock"
-        return elapsed
+        return asked_tick(self.ref, self.renewed, self.workload.size)
 
     def close(self) -> None:
         stop(self.ref, timeout=ASK_TIMEOUT)

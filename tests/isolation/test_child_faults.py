@@ -263,9 +263,14 @@ def test_a_child_that_keeps_dying_stops_the_manager_and_says_so(
     assert children() == []
 
 
-def test_queries_are_answered_while_a_new_child_starts(
+def _kill_the_child_of_a_renewing_manager(
     server: Server, redis_client: redis.Redis
-) -> None:
+) -> tuple[Renewals, ManagerRef, float]:
+    """Start a manager watching job ``j``, wait for its renewal, SIGKILL its child.
+
+    Returns:
+        The recorder, the manager and when the child was killed (``time.monotonic()``).
+    """
     recorder = Renewals()
     manager = _start(server, recorder)
     tokens = take_locks(redis_client, KEYS, ["j"], LOCK_MS)
@@ -274,6 +279,13 @@ def test_queries_are_answered_while_a_new_child_starts(
     [first] = children()
     killed = time.monotonic()
     os.kill(first, signal.SIGKILL)
+    return recorder, manager, killed
+
+
+def test_queries_are_answered_while_a_new_child_starts(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    recorder, manager, killed = _kill_the_child_of_a_renewing_manager(server, redis_client)
     # While the next child starts (a new interpreter: a hundred ms or more),
     # the manager's own thread answers at once
     answered = []
@@ -291,14 +303,7 @@ def test_tracks_and_leases_asked_while_a_new_child_starts_are_answered(
     # Catches: an ask answered once its words are in the child's socket, put to
     # the writer of a child already dead, never answered (a lease entered then
     # waited out its deadline, and its exit forever).
-    recorder = Renewals()
-    manager = _start(server, recorder)
-    tokens = take_locks(redis_client, KEYS, ["j"], LOCK_MS)
-    track_job(manager, "j", tokens["j"], notify=JobActor.start())
-    wait_for(lambda: recorder.renewed()["j"] >= 1, SOON_S, "a renewal")
-    [first] = children()
-    killed = time.monotonic()
-    os.kill(first, signal.SIGKILL)
+    recorder, manager, killed = _kill_the_child_of_a_renewing_manager(server, redis_client)
     # While the next child starts, each waited track and each lease is answered at once
     slowest, asked, i = 0.0, [], 0
     deadline = killed + SOON_S

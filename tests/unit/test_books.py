@@ -198,7 +198,7 @@ def test_a_renewal_answered_after_the_books_changed_touches_only_the_locks_it_se
     books = tracked("a", "b", "c")
     due = batch(books)
     changes = books.jobs.changes
-    books.untrack("a", None, None)
+    books.jobs.untrack("a", None, None)
     books.track("b", "t-new", 5, None, None, False, None, Report())
 
     report = apply(books, BatchOutcome(["a", "b"], [], {"b": STOLEN}), changes=changes, due=due)
@@ -509,7 +509,7 @@ def test_an_untrack_tells_nobody() -> None:
     target = Inbox()
     watch(books, "j", target)
 
-    ended = books.untrack("j", "t-j", None)
+    ended = books.jobs.untrack("j", "t-j", None)
 
     assert ended is not None and ended.last
     assert "j" not in books.jobs
@@ -525,7 +525,7 @@ def test_a_batch_renewed_whole_with_the_books_unchanged_may_be_stamped_later() -
     assert books.renewed_whole(due, BatchOutcome([], []), taken)
     assert not books.renewed_whole(due, BatchOutcome(["a"], []), taken)
     assert not books.renewed_whole(due, RuntimeError("down"), taken)
-    books.untrack("b", None, None)
+    books.jobs.untrack("b", None, None)
     assert not books.renewed_whole(due, BatchOutcome([], []), taken)
 
 
