@@ -144,6 +144,9 @@ class TicksFirst:
         #: One item per sender between its look at :attr:`closed` and its put
         #: (appends and pops are atomic): :meth:`close` waits until it is empty.
         self._putting: list[None] = []
+        #: Set when :meth:`close` stopped waiting for a sender still putting:
+        #: whatever that sender puts is read by nobody, so it is refused.
+        self._late = False
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         #: The messages that jumped the queue (each with a :data:`_JUMPED` in it).
         self._first: collections.deque[Any] = collections.deque()
@@ -167,6 +170,9 @@ class TicksFirst:
             self._queue.put(item)
         finally:
             putting.pop()
+        if self._late:
+            # In after the manager's last look at its mailbox: never read.
+            raise pykka.ActorDeadError("the manager is stopping")
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         """Take the next envelope, waiting for one unless ``block`` is false.
@@ -216,9 +222,12 @@ class TicksFirst:
         self.closed = True
         deadline = time.monotonic() + CLOSE_WAIT_S
         # A sender past its look at ``closed`` puts within a few bytecodes;
-        # one frozen there (interpreter shutdown) is not waited for past the deadline.
+        # one held up there (a debugger, a signal handler on its thread) is
+        # not waited for past the deadline: its put then refuses itself.
         while self._putting and time.monotonic() < deadline:
             time.sleep(0.0001)
+        if self._putting:
+            self._late = True
 
 
 # -- the renewal thread -----------------------------------------------------------

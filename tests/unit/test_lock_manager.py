@@ -7,15 +7,21 @@ looks at a finished step. No Redis is involved.
 
 from __future__ import annotations
 
+import linecache
 import logging
-from typing import TYPE_CHECKING
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
 
+import pykka
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from actors import (
     LockManager,
     ManagerRef,
+    ManagerStopped,
     QueueKeys,
     TrackJob,
     get_stats,
@@ -25,11 +31,13 @@ from actors import (
     track_job,
     untrack_job,
 )
+from actors.lock_manager import CLOSE_WAIT_S, TicksFirst
 from actors.messages import MESSAGES, UNCONFIRMED, LockLost
 from tests.support import Inbox, LockTable, ManualClock, Recorder, manual_timer, settle, tick
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
+    from types import FrameType
 
     from actors.messages import BatchOutcome
     from tests.support import ManualTimers
@@ -264,3 +272,51 @@ def test_a_failed_renewal_answered_past_a_watched_deadline_lets_the_lock_go_as_i
         assert get_tracked_job_ids(slow.manager, timeout=5) == []
     finally:
         stop(slow.manager)
+
+
+def test_an_ask_held_up_in_the_mailbox_past_the_stop_s_wait_is_refused_not_left_unread() -> None:
+    # A sender past its look at "closed" but not yet in (a debugger, a signal
+    # handler on its thread) was not waited for past CLOSE_WAIT_S: its message
+    # went in after the manager's last look, and its ask never got an answer.
+    manager = start_link(
+        renewer=LockTable(),
+        keys=QueueKeys("q"),
+        lock_duration=1000,
+        clock=ManualClock(),
+        timer=manual_timer(),
+    )
+    put = TicksFirst.put.__code__
+    held_up = threading.Event()
+    outcome: list[object] = []
+
+    def hold_before_the_put(frame: FrameType, event: str, arg: object) -> Any:
+        if frame.f_code is not put:
+            return None
+
+        def line(frame: FrameType, event: str, arg: object) -> Any:
+            if event == "line" and "self._queue.put(item)" in linecache.getline(
+                frame.f_code.co_filename, frame.f_lineno
+            ):
+                held_up.set()
+                time.sleep(CLOSE_WAIT_S + 0.5)
+            return line
+
+        return line
+
+    def ask() -> None:
+        sys.settrace(hold_before_the_put)
+        try:
+            outcome.append(get_tracked_job_ids(manager, timeout=CLOSE_WAIT_S + 5))
+        except Exception as exc:
+            outcome.append(exc)
+        finally:
+            sys.settrace(None)
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    assert held_up.wait(5)
+    stop(manager, timeout=10)
+    asker.join(CLOSE_WAIT_S + 10)
+
+    [refused] = outcome
+    assert isinstance(refused, ManagerStopped | pykka.ActorDeadError), refused
