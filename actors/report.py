@@ -72,6 +72,8 @@ class Stats:
     #: The least time a lock had left when its renewal's answer came back, in
     #: milliseconds (never overstated); ``None`` before the first renewal.
     min_lock_margin_ms: float | None = None
+    #: Ticks that sent due jobs to the server (their renewal failed or not).
+    renewing_ticks: int = 0
 
 
 class Counters:
@@ -90,6 +92,7 @@ class Counters:
         "max_tick_ms",
         "min_margin_ms",
         "renewed",
+        "renewing_ticks",
         "script_calls",
         "ticks",
     )
@@ -100,6 +103,7 @@ class Counters:
         self.lost = 0
         self.errors = 0
         self.script_calls = 0
+        self.renewing_ticks = 0
         self.last_batch = 0
         self.last_tick_ms = 0.0
         self.max_tick_ms = 0.0
@@ -115,6 +119,7 @@ class Counters:
 
     def batch(self, jobs: int, calls: int, elapsed_ms: float) -> None:
         """Count one renewing tick: how many jobs it sent, in how many calls, how long it took."""
+        self.renewing_ticks += 1
         self.script_calls += calls
         self.last_batch = jobs
         self.last_tick_ms = elapsed_ms
@@ -149,6 +154,7 @@ class Counters:
             tick_lateness_ms=self.lateness_ms,
             max_tick_lateness_ms=self.max_lateness_ms,
             min_lock_margin_ms=self.min_margin_ms,
+            renewing_ticks=self.renewing_ticks,
         )
 
 

@@ -127,6 +127,8 @@ class Child:
         self._slots: dict[str, int] = {}
         self._freed: list[int] = []
         self._requests: list[int] = []
+        #: The worker's changes count in the last ``mark`` word read.
+        self._mark: int | None = None
         self._grid = monotonic_ms() + timing.interval
         self._retry: int | None = None
         self._failed = 0
@@ -196,6 +198,8 @@ class Child:
             self._freed.extend(word[1])
         elif kind == "extend":
             self._requests.append(word[1])
+        elif kind == "mark":
+            self._mark = word[1]
 
     def _drop(self, job_id: str) -> None:
         self._books.jobs.untrack(job_id, everyone=True)
@@ -246,6 +250,7 @@ class Child:
             error=None if report.error is None else portable(report.error),
             unknown=report.unknown,
             oldest=oldest,
+            mark=self._mark,
             requests=self._requests,
             freed=self._freed,
         )

@@ -281,6 +281,8 @@ class ProcessLockManager(LockManager, isolation="process"):
         self._given = connection if isinstance(connection, redis.Redis) else None
         self._built: redis.Redis | None = None
         self._outbox: list[tuple[Any, ...]] = []
+        #: The table's changes count in the last ``mark`` word the child was sent.
+        self._marked: int | None = None
         self._requests = itertools.count(1)
         #: Asked "renew now"s, answered once the child's tick says it ran them.
         self._extends: dict[int, pykka.Future[Any]] = {}
@@ -515,6 +517,13 @@ class ProcessLockManager(LockManager, isolation="process"):
         outbox, self._outbox = self._outbox, []
         child = self._child
         if child is not None:
+            # The words end with the table's changes count: a tick of the child that
+            # read them, applied while the count is still the same, renewed only jobs
+            # still tracked (each let-go since the first of them is in the words).
+            changes = self._books.jobs.changes
+            if changes != self._marked:
+                outbox.append(("mark", changes))
+                self._marked = changes
             # A child gone meanwhile: the reader starts another, which is given every lock.
             child.writer.put(*outbox)
 
@@ -562,6 +571,9 @@ class ProcessLockManager(LockManager, isolation="process"):
             orphans = self._bury(report)
             if orphans:
                 self._outbox.append(("release", orphans))
+        # Nothing let go since the words the child had read: all it renewed is
+        # still tracked (the lost ones below are none of them).
+        unchanged = tick.mark == jobs.changes
         held = jobs.tokens
         for job_id, token, reason, detail in tick.lost:
             if held.get(job_id) != token:
@@ -571,7 +583,8 @@ class ProcessLockManager(LockManager, isolation="process"):
             else:
                 books.forget(job_id, reason, report, token=token, detail=detail)  # type: ignore[arg-type]
         at = tick.at
-        renewed: list[str] = list(filter(held.__contains__, msgpack.unpackb(tick.renewed)))
+        ids: list[str] = msgpack.unpackb(tick.renewed)
+        renewed = ids if unchanged else list(filter(held.__contains__, ids))
         # By id, never lowered: a newer lock of the job may have been taken after this renewal ran.
         later = not jobs.valid
         if not later:
@@ -604,6 +617,7 @@ class ProcessLockManager(LockManager, isolation="process"):
         assert jobs.touched is not None
         jobs.touched.clear()
         self._outbox = []
+        self._marked = None
         for job_id, token in jobs.tokens.items():
             validity = jobs.valid.get(job_id)
             stamp = jobs.stamps[job_id]

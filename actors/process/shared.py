@@ -60,6 +60,8 @@ class Tick:
     unknown: int
     #: The oldest stamp of the batch, for the least margin.
     oldest: int | None
+    #: The worker's changes count in the last ``mark`` word read before the tick.
+    mark: int | None = None
     #: The ``"extend"`` requests this tick answers.
     requests: list[int] = field(default_factory=list)
     #: The cells the child no longer writes.

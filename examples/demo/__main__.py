@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import math
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -53,7 +54,7 @@ class Summary:
 
 def summarise(outcome: Outcome, config: Config, picture: Path | None) -> Summary:
     """Say what ``outcome`` shows, and whether only the provoked lock was lost."""
-    events, stats, renewing = outcome.events, outcome.stats, len(outcome.batches)
+    events, stats, renewing = outcome.events, outcome.stats, outcome.stats.renewing_ticks
     states = {job_id: child.state for job_id, child in outcome.children.items()}
     lost = [e.job_id for e in events if e.kind == "lost"]
     crashed = [e.job_id for e in events if e.kind == "crashed"]
@@ -89,7 +90,7 @@ def summarise(outcome: Outcome, config: Config, picture: Path | None) -> Summary
         manager_script_calls=stats.script_calls,
         server_evalsha_calls=outcome.server_calls,
         script_calls_per_renewing_tick=round(outcome.server_calls / renewing, 3) if renewing else 0,
-        mean_batch=round(sum(outcome.batches.values()) / renewing, 2) if renewing else 0,
+        mean_batch=round(statistics.mean(outcome.batches.values()), 2) if outcome.batches else 0,
         seconds=round(outcome.ended - outcome.started, 1),
         timeline=str(picture) if picture else None,
         ok=ok,

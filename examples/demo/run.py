@@ -67,9 +67,9 @@ class Event(NamedTuple):
 class Hooks:
     """What the manager tells through its public hooks.
 
-    Callbacks run on the manager's thread and the timer on its own; the demo
-    reads on the main thread. Appending to a list, extending it by a list and
-    copying it are each atomic, so no lock is needed.
+    Callbacks run on the manager's delivery thread and the timer on its own;
+    the demo reads on the main thread. Appending to a list, extending it by a
+    list and copying it are each atomic, so no lock is needed.
     """
 
     def __init__(self) -> None:
@@ -77,7 +77,8 @@ class Hooks:
         #: The grid time of each timer tick, in seconds on ``time.monotonic()``.
         self.ticks: list[float] = []
         self.events: list[Event] = []
-        #: Tick number -> due jobs it sent, for each tick that ran the script.
+        #: Tick number -> due jobs it sent, for the ticks that ran the script
+        #: and were seen here (see :meth:`_count_tick`).
         self.batches: dict[int, int] = {}
 
     def timer(self, fire: Callable[[int], None], name: str) -> actors.Timer:
@@ -102,7 +103,9 @@ class Hooks:
         self._count_tick()
 
     def _count_tick(self) -> None:
-        # On the manager's own thread a query answers at once, from the tick just run.
+        # The manager answers from its state now: when its next tick ran before this
+        # report was delivered, that tick is the one seen. A sample of the batches,
+        # then; Stats.renewing_ticks counts every renewing tick.
         assert self.manager is not None
         stats = actors.get_stats(self.manager)
         self.batches[stats.ticks] = stats.last_batch

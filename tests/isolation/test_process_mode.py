@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import pytest
+import redis
 
 from actors import (
+    ExtendLocks,
     LockLost,
     ManagerStopped,
     QueueKeys,
@@ -36,6 +38,7 @@ from actors import (
     track_job,
     untrack_job,
 )
+from actors.embedded import EmbeddedServer
 from actors.messages import TrackJob
 from actors.process.shared import SharedValidity
 from actors.timing import default_safety_margin
@@ -44,8 +47,6 @@ from tests.isolation.conftest import children, gone
 from tests.support import Inbox, Recorder, lowest_pttl, take_locks, wait_for
 
 if TYPE_CHECKING:
-    import redis
-
     from actors import ManagerRef
     from tests.faults.conftest import FaultRecord
     from tests.support import Server
@@ -90,7 +91,9 @@ def test_locks_are_renewed_by_the_child_and_callbacks_run_in_the_worker(
     wait_for(lambda: min(recorder.renewed()[j] for j in tokens) >= 3, SOON_S, "three renewals")
     assert all(redis_client.get(KEYS.lock(j)) == t.encode() for j, t in tokens.items())
     assert sorted(get_tracked_job_ids(manager)) == ["a", "b"]
-    assert get_stats(manager).renewed >= 6
+    stats = get_stats(manager)
+    assert stats.renewed >= 6
+    assert stats.script_calls >= stats.renewing_ticks >= 3
     assert threads == {manager._manager.delivery}
     assert [pid for pid in children() if pid != os.getpid()]
 
@@ -230,6 +233,53 @@ def test_no_loss_is_reported_of_a_watched_lock_released_while_the_child_renews_i
     assert recorder.lost() == []
     assert target.got == []
     stop(manager)
+
+
+def _unread_by_server(port: int) -> int:
+    """Bytes sent to the server on ``port`` over IPv4 loopback that it has not read yet."""
+    unread = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, state, queues = fields[1], fields[3], fields[4]
+        if state == "01" and int(local.split(":")[1], 16) == port:
+            unread += int(queues.split(":")[1], 16)
+    return unread
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux' socket table")
+def test_a_job_untracked_while_the_child_renews_it_is_not_reported_renewed() -> None:
+    # Given a process-mode manager renewing two jobs on its own server
+    lock_ms = 10 * TTL  # the child's reads wait over a second: the pause below is far shorter
+    recorder = Recorder()
+    with EmbeddedServer() as private:
+        direct = redis.Redis.from_url(private.url, socket_timeout=10)
+        manager = recorder.start(private.url, KEYS, lock_duration=lock_ms, isolation="process")
+        try:
+            tokens = take_locks(direct, KEYS, ["u1", "u2"], lock_ms)
+            for job_id, token in tokens.items():
+                track_job(manager, job_id, token, wait=True)
+            # When a renewal the child sends waits in the paused server's socket
+            private.pause()
+            try:
+                manager.tell(ExtendLocks())
+                wait_for(
+                    lambda: _unread_by_server(private.port) > 0,
+                    SOON_S,
+                    "the child's renewal waiting in the server's socket",
+                )
+                # and the worker untracks one of its jobs meanwhile
+                untrack_job(manager, "u1", wait=True)
+                untracked = time.monotonic()
+            finally:
+                private.resume()
+            # Then that renewal (it renewed both) is reported for the job still tracked only
+            recorder.wait_renewed({"u2": tokens["u2"]}, SOON_S, since=untracked)
+            assert "u1" not in recorder.renewed(since=untracked)
+            assert get_tracked_job_ids(manager) == ["u2"]
+            assert recorder.errors() == [] and recorder.lost() == []
+        finally:
+            stop(manager)
+            direct.close()
 
 
 def test_stop_leaves_no_child_no_zombie_and_no_file(
