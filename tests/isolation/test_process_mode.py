@@ -248,16 +248,23 @@ def _unread_by_server(port: int) -> int:
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux' socket table")
 def test_a_job_untracked_while_the_child_renews_it_is_not_reported_renewed() -> None:
-    # Given a process-mode manager renewing two jobs on its own server
+    # Given a process-mode manager on its own server
     lock_ms = 10 * TTL  # the child's reads wait over a second: the pause below is far shorter
     recorder = Recorder()
     with EmbeddedServer() as private:
         direct = redis.Redis.from_url(private.url, socket_timeout=10)
         manager = recorder.start(private.url, KEYS, lock_duration=lock_ms, isolation="process")
         try:
+            # (its child up and connected: an asked tick renewed a first job)
+            warm = take_locks(direct, KEYS, ["w"], lock_ms)
+            track_job(manager, "w", warm["w"], ts=manager.clock() - lock_ms)
+            manager.ask(ExtendLocks(), timeout=SOON_S)
+            assert recorder.renewed() == {"w": 1}
+            # and two more, due
             tokens = take_locks(direct, KEYS, ["u1", "u2"], lock_ms)
+            due = manager.clock() - lock_ms
             for job_id, token in tokens.items():
-                track_job(manager, job_id, token, wait=True)
+                track_job(manager, job_id, token, ts=due, wait=True)
             # When a renewal the child sends waits in the paused server's socket
             private.pause()
             try:
@@ -272,10 +279,11 @@ def test_a_job_untracked_while_the_child_renews_it_is_not_reported_renewed() -> 
                 untracked = time.monotonic()
             finally:
                 private.resume()
-            # Then that renewal (it renewed both) is reported for the job still tracked only
+            # Then that renewal, which sent both, is reported for the job still tracked only
             recorder.wait_renewed({"u2": tokens["u2"]}, SOON_S, since=untracked)
             assert "u1" not in recorder.renewed(since=untracked)
-            assert get_tracked_job_ids(manager) == ["u2"]
+            assert get_stats(manager).last_batch == 2
+            assert sorted(get_tracked_job_ids(manager)) == ["u2", "w"]
             assert recorder.errors() == [] and recorder.lost() == []
         finally:
             stop(manager)
