@@ -41,7 +41,7 @@ from tests.bench import test_bench as bench
 from tests.bench.conftest import ASK_TIMEOUT, SEED
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Iterator
 
 
 class Stamps:
@@ -161,32 +161,32 @@ def _rounds(
     admin: redis.Redis,
     stamps: Stamps,
 ) -> str:
-    prepare: Callable[[], None] = getattr(tick, "make_due", lambda: None)
-    stages: dict[str, list[float]] = {}
-    ratios: dict[str, list[float]] = {"tick": [], "floor": []}
-    rng = random.Random(SEED)
-    for _ in range(rounds):
-        for name in rng.sample(["tick", "floor"], 2):
-            if name == "tick":
-                prepare()
-            workload.reset(admin)
-            mark = bench.server_mark(admin)
-            stamps.at.clear()
-            started = time.perf_counter()
-            seconds = tick.run() if name == "tick" else floor.run()
-            cost = bench.server_cost(admin, mark)
-            ratios[name].append(seconds * 1000 / cost.script_ms)
-            if name == "tick":
-                stamps.at["8 the asker has its answer"] = started + seconds
-                stages.setdefault("0 server: scripts", []).append(cost.script_ms)
-                for stage, at in stamps.at.items():
-                    stages.setdefault(stage, []).append((at - started) * 1000)
-            else:
-                stages.setdefault("floor: its whole run", []).append(seconds * 1000)
+    runs: list[dict[str, float]] = []
+
+    def stamped_tick() -> float:
+        stamps.at.clear()
+        started = time.perf_counter()
+        seconds: float = tick.run()
+        stamps.at["8 the asker has its answer"] = started + seconds
+        runs.append({stage: (at - started) * 1000 for stage, at in stamps.at.items()})
+        return seconds
+
+    results = bench.run_rounds(
+        {"tick": stamped_tick, "floor": floor.run},
+        lambda: workload.reset(admin),
+        admin,
+        rounds,
+        random.Random(SEED),
+        {"tick": tick.make_due} if hasattr(tick, "make_due") else None,
+    )
+    del runs[0]  # the warm-up's
+    stages = {stage: [run[stage] for run in runs] for stage in runs[0]}
+    stages["0 server: scripts"] = [sample.server.script_ms for sample in results.samples["tick"]]
+    stages["floor: its whole run"] = [seconds * 1000 for seconds in results.seconds("floor")]
     lines = [
         f"{workload.size:,} due jobs, {rounds} rounds: tick / server "
-        f"{statistics.median(ratios['tick']):.3f}x, floor / server "
-        f"{statistics.median(ratios['floor']):.3f}x",
+        f"{results.script_ratio('tick'):.3f}x, floor / server "
+        f"{results.script_ratio('floor'):.3f}x",
         "",
         "| stage | ms since the ask (median) |",
         "|---|---:|",
