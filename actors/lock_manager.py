@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import logging
 import queue
 import threading
 import time
@@ -39,7 +38,7 @@ from actors.messages import MANAGER_STOPPED, BatchOutcome, ChunkError, LockLost
 from actors.ref import ManagerRef, ManagerStopped
 from actors.report import Reporter
 from actors.scripts import DEFAULT_MAX_BATCH, RedisRenewer
-from actors.telemetry import tick_span
+from actors.telemetry import Log, tick_span
 from actors.timer import Alarm, ThreadTimer
 from actors.timing import (
     DEFAULT_LOCK_DURATION,
@@ -61,11 +60,12 @@ if TYPE_CHECKING:
     from actors.jobs import Validity
     from actors.messages import LostLock, Renewer
     from actors.report import Stats
+    from actors.telemetry import RecordThread
     from actors.timer import Timer, TimerFactory
 
 __all__ = ["ISOLATIONS", "LockManager", "require_isolation"]
 
-logger = logging.getLogger(__name__)
+logger = Log(__name__)
 
 #: The isolation modes a manager accepts.
 ISOLATIONS: Final = ("thread", "process")
@@ -264,8 +264,11 @@ class Renewals(threading.Thread):
         lock_duration: int,
         clock: Callable[[], int],
         post: Callable[[Landed], None],
+        records: RecordThread,
     ) -> None:
         super().__init__(name=name, daemon=True)
+        records.attach(self)
+        self._records = records
         self._queue_name = queue_name
         self._renewer = renewer
         self._lock_duration = lock_duration
@@ -313,19 +316,30 @@ class Renewals(threading.Thread):
                 self._post(Landed(outcome, answered, elapsed, released))
 
     def _renew(self, flight: Flight, calls: int) -> tuple[BatchOutcome | BaseException, int]:
-        with tick_span(self._queue_name, len(flight.due)) as span:
-            outcome: BatchOutcome | BaseException
-            try:
-                # The one round trip: the scripts module, one EVALSHA per chunk.
-                answer: object = self._renewer(flight.due, flight.tokens) if flight.due else None
-                outcome = _checked(answer) if flight.due else BatchOutcome([], [])
-            except BaseException as exc:
-                # Nothing is known to have run (see Books.apply).
-                outcome = exc
-            answered = self._clock()
-            if flight.due:
-                margin = self._lock_duration - (answered - flight.oldest)
-                span.record(outcome, calls, float(flight.late_ms), float(margin))
+        started = time.time_ns()
+        outcome: BatchOutcome | BaseException
+        try:
+            # The one round trip: the scripts module, one EVALSHA per chunk.
+            answer: object = self._renewer(flight.due, flight.tokens) if flight.due else None
+            outcome = _checked(answer) if flight.due else BatchOutcome([], [])
+        except BaseException as exc:
+            # Nothing is known to have run (see Books.apply).
+            outcome = exc
+        answered = self._clock()
+        if flight.due:
+            # Its span is written after the fact: a span processor never holds up a renewal.
+            margin = self._lock_duration - (answered - flight.oldest)
+            self._records.put(
+                tick_span,
+                self._queue_name,
+                len(flight.due),
+                started,
+                time.time_ns(),
+                outcome,
+                calls,
+                float(flight.late_ms),
+                float(margin),
+            )
         return outcome, answered
 
     def _release(self, locks: list[tuple[str, str]]) -> int | BaseException:
@@ -431,6 +445,7 @@ class LockManager(pykka.ThreadingActor):
             self._timing.lock_duration,
             self.clock,
             self._post,
+            self._reporter.records,
         )
         #: The renewal on its way, if any, and the tick that waits for it to land.
         self._flight: Flight | None = None
@@ -513,7 +528,7 @@ class LockManager(pykka.ThreadingActor):
         self._actor_ref = ManagerRef(self, self)
 
     def _thread_timer(self, fire: Callable[[int], None], name: str) -> Timer:
-        return ThreadTimer(fire, name, self.clock)
+        return ThreadTimer(fire, name, self.clock, records=self._reporter.records)
 
     def trusted_for(self, safety_margin: int | None = None) -> int:
         """Return how long a watched lock is trusted after a confirmed renewal's send, in ms.
@@ -544,13 +559,14 @@ class LockManager(pykka.ThreadingActor):
     def _start_threads(self) -> None:
         """Start the threads and arm the first tick, in the caller's thread, once all is checked."""
         timer = self._make_timer(self._fire, f"LockManager-timer-{self.queue_name}")
-        self.delivery.start()
+        self._reporter.start()
         self._renewals.start()
         self._alarm.start(timer)
 
     def on_start(self) -> None:
         """Say the manager started (its threads run already)."""
         self.thread = threading.current_thread()
+        self._reporter.records.attach()
         logger.debug(
             "LockManager for queue %r started: lock_duration=%d ms, interval=%d ms",
             self.queue_name,
@@ -728,8 +744,8 @@ class LockManager(pykka.ThreadingActor):
             return
         self._reporter.counters.ticks += 1
         if kind == "grid":
-            self._reporter.late(now - at)
             self._alarm.advance(at, now)
+            self._reporter.late(now - at)
         if self._flight is not None:
             # One renewal at a time: this tick runs once the one on its way lands.
             grid, waiting = self._waiting or (None, [])
@@ -872,7 +888,9 @@ class LockManager(pykka.ThreadingActor):
     def get_stats(self) -> Stats:
         """Return a snapshot of the manager's counters."""
         counters = self._reporter.counters
-        return counters.snapshot(self.queue_name, len(self._books.jobs), self._alarm.now(0))
+        now = self._alarm.now(0)
+        dropped = self._reporter.records.dropped
+        return counters.snapshot(self.queue_name, len(self._books.jobs), now, dropped)
 
     def extend_locks(self) -> None:
         """Renew every due lock now; the timer's grid is left alone."""

@@ -1,23 +1,27 @@
-"""What a manager tells the world: counters, log lines, and user code on a thread of its own.
+"""What a manager tells the world: counters, records, and user code on threads of its own.
 
-The :class:`Reporter` counts and logs on the manager's thread, then hands each
-:class:`~actors.books.Report` to the delivery thread, which calls the user's
-callbacks and tells lost locks' targets, in order. No user code runs on the
-manager's thread: a callback finds the manager whole and cannot keep it from renewing.
+The :class:`Reporter` counts on the manager's thread and hands what it has to
+say to three kinds of thread, none of which the manager waits for: its
+records (log lines, measurements) to the record thread
+(:class:`~actors.telemetry.RecordThread`), each :class:`~actors.books.Report`'s
+callbacks to the delivery thread, in order, and the lost locks' targets to
+the tellers (:class:`Tellers`). No user code runs on the manager's thread: a
+callback finds the manager whole and cannot keep it from renewing, and a slow
+callback or target delays no target's warning but its own.
 """
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import pykka
 
 from actors.messages import EXPIRED
-from actors.telemetry import Meters
+from actors.telemetry import Log, Meters, RecordThread
 from actors.timing import resolution_ms
 
 if TYPE_CHECKING:
@@ -25,12 +29,25 @@ if TYPE_CHECKING:
 
     from actors.books import Report
     from actors.keys import QueueKeys
-    from actors.messages import LostLock
+    from actors.messages import LockLost, LostLock, Notify
     from actors.timing import Timing
 
-__all__ = ["Counters", "DeliveryThread", "Reporter", "Stats"]
+__all__ = [
+    "MAX_TELLERS",
+    "STOP_WAIT_S",
+    "Counters",
+    "DeliveryThread",
+    "Reporter",
+    "Stats",
+    "Tellers",
+]
 
-logger = logging.getLogger("actors.lock_manager")
+logger = Log("actors.lock_manager")
+
+#: Most threads telling targets at once: a target whose ``tell`` blocks holds one.
+MAX_TELLERS: Final = 32
+#: Most seconds a stopping manager waits for its last tells and records.
+STOP_WAIT_S: Final = 1.0
 
 #: Most ids one loss warning lists; the count is always exact.
 _SHOWN = 20
@@ -74,6 +91,9 @@ class Stats:
     min_lock_margin_ms: float | None = None
     #: Ticks that sent due jobs to the server (their renewal failed or not).
     renewing_ticks: int = 0
+    #: Log lines, measurements and spans dropped: the application's handler,
+    #: meter or span processor raised, or fell :data:`~actors.telemetry.MAX_WAITING_RECORDS` behind.
+    records_dropped: int = 0
 
 
 class Counters:
@@ -136,7 +156,7 @@ class Counters:
             return ""
         return f"{self.failed_streak} tick(s) failed since, the last with {self.last_error}"
 
-    def snapshot(self, queue: str, tracked: int, now: int) -> Stats:
+    def snapshot(self, queue: str, tracked: int, now: int, dropped: int = 0) -> Stats:
         """Return the counts as a :class:`Stats`, ``now`` in monotonic ms."""
         last = self.last_renewal
         return Stats(
@@ -155,44 +175,150 @@ class Counters:
             max_tick_lateness_ms=self.max_lateness_ms,
             min_lock_margin_ms=self.min_margin_ms,
             renewing_ticks=self.renewing_ticks,
+            records_dropped=dropped,
         )
 
 
-class DeliveryThread(threading.Thread):
-    """The one thread a manager runs user code on: its callbacks, its targets' ``tell``.
+class _Done:
+    """Sets a step's replies once each part of its report is delivered, told or written."""
 
-    Reports are delivered in the order they were made; a reply waiting for a
-    report (an asked ``ExtendLocks``) is set once the report is delivered.
+    __slots__ = ("_left", "_lock", "_replies")
+
+    def __init__(self, parts: int, replies: Sequence[pykka.Future[Any]]) -> None:
+        self._left = parts
+        self._lock = threading.Lock()
+        self._replies = replies
+
+    def __call__(self) -> None:
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            for reply in self._replies:
+                reply.set(None)
+
+
+def _nothing() -> None:
+    pass
+
+
+class DeliveryThread(threading.Thread):
+    """The thread a manager calls its callbacks on, one report after another.
+
+    Once a report is delivered, its records written after it are awaited (by
+    the record thread) before the replies waiting for it are set.
     """
 
-    def __init__(self, name: str, deliver: Callable[[Report], None]) -> None:
+    def __init__(
+        self, name: str, deliver: Callable[[Report], None], ending: Callable[[], None]
+    ) -> None:
         super().__init__(name=name, daemon=True)
         self._deliver = deliver
-        self._queue: queue.SimpleQueue[tuple[Report, Sequence[pykka.Future[Any]]] | None]
+        self._ending = ending
+        self._queue: queue.SimpleQueue[tuple[Report, Callable[[], None]] | None]
         self._queue = queue.SimpleQueue()
 
-    def put(self, report: Report, replies: Sequence[pykka.Future[Any]] = ()) -> None:
-        """Queue ``report``, and the replies to set once it is delivered."""
-        self._queue.put((report, replies))
+    def put(self, report: Report, then: Callable[[], None] = _nothing) -> None:
+        """Queue ``report``; call ``then`` once it is delivered."""
+        self._queue.put((report, then))
 
     def end(self) -> None:
         """Deliver what is queued, then end."""
         self._queue.put(None)
 
     def run(self) -> None:
-        """Deliver each report, then set its reply; until :meth:`end`."""
+        """Deliver each report, then call its ``then``; until :meth:`end`."""
         while (item := self._queue.get()) is not None:
-            report, replies = item
+            report, then = item
             try:
                 self._deliver(report)
             finally:
-                for reply in replies:
-                    reply.set(None)
+                then()
+        self._ending()
+
+
+class _Teller(threading.Thread):
+    """A thread of :class:`Tellers`: user code runs on it (a target's ``tell``)."""
+
+
+class Tellers:
+    """Tells the targets of lost locks, each on a thread of the pool: none waits for another.
+
+    A thread is started when every one is busy, up to :data:`MAX_TELLERS`: a
+    target whose ``tell`` blocks (against :class:`~actors.Notify`'s rule)
+    holds up only itself, as long as fewer than that many block at once.
+    """
+
+    def __init__(self, queue_name: str, records: RecordThread) -> None:
+        self._queue_name = queue_name
+        self._records = records
+        self._items: queue.SimpleQueue[tuple[Notify, LockLost, Callable[[], None]] | None]
+        self._items = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads: list[_Teller] = []
+        #: Items put and not taken yet; threads waiting for one.
+        self._waiting = 0
+        self._free = 0
+
+    def tell(self, tells: Sequence[tuple[Notify, LockLost]], done: Callable[[], None]) -> None:
+        """Tell each target its message; call ``done`` after each tell."""
+        with self._lock:
+            self._waiting += len(tells)
+            while self._waiting > self._free and len(self._threads) < MAX_TELLERS:
+                self._free += 1
+                name = f"LockManager-tell-{self._queue_name}-{len(self._threads)}"
+                thread = _Teller(target=self._run, name=name)
+                thread.daemon = True
+                self._records.attach(thread)
+                self._threads.append(thread)
+                thread.start()
+        for target, message in tells:
+            self._items.put((target, message, done))
+
+    def end(self, deadline: float) -> None:
+        """Tell what is queued, then end the threads; wait until ``deadline`` (monotonic s)."""
+        with self._lock:
+            threads = list(self._threads)
+        for _ in threads:
+            self._items.put(None)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _run(self) -> None:
+        while (item := self._items.get()) is not None:
+            with self._lock:
+                self._free -= 1
+                self._waiting -= 1
+            target, message, done = item
+            try:
+                _tell(self._queue_name, target, message)
+            finally:
+                done()
+                with self._lock:
+                    self._free += 1
+
+
+def _tell(queue_name: str, target: Notify, message: LockLost) -> None:
+    try:
+        target.tell(message)
+    except pykka.ActorDeadError:
+        # The holder is gone: nobody is left to tell.
+        logger.debug("LockManager for queue %r: a dead target skipped", queue_name)
+    except BaseException:
+        logger.warning(
+            "LockManager for queue %r: could not tell a %s that job %r lost its lock",
+            queue_name,
+            type(target).__name__,
+            message.job_id,
+            exc_info=True,
+            extra={"queue": queue_name, "job_id": message.job_id},
+        )
 
 
 def on_a_delivery_thread() -> bool:
     """Whether the caller is user code of any manager (a callback, a target's ``tell``)."""
-    return isinstance(threading.current_thread(), DeliveryThread)
+    return isinstance(threading.current_thread(), (DeliveryThread, _Teller))
 
 
 class Reporter:
@@ -212,8 +338,10 @@ class Reporter:
         tracked: Callable[[], int] = lambda: 0,
     ) -> None:
         self.counters = Counters()
+        #: The thread the manager's log lines, measurements and spans are written on.
+        self.records = RecordThread(f"LockManager-records-{keys.name}")
         #: The metric instruments' recorder; ``tracked`` tells the gauge the locks tracked.
-        self.meters = Meters(keys.name, tracked)
+        self.meters = Meters(keys.name, tracked, self.records.put)
         self._keys = keys
         self._timing = timing
         self._on_failed = on_failed
@@ -221,8 +349,10 @@ class Reporter:
         self._on_error = on_error
         self._late_streak = 0
         self._hinted = False
-        #: The thread user code runs on.
-        self.thread = DeliveryThread(f"LockManager-delivery-{keys.name}", self._deliver)
+        #: The thread callbacks run on.
+        self.thread = DeliveryThread(f"LockManager-delivery-{keys.name}", self._deliver, self._end)
+        #: The threads targets are told on.
+        self.tellers = Tellers(keys.name, self.records)
 
     @property
     def wants_renewed(self) -> bool:
@@ -312,8 +442,17 @@ class Reporter:
             extra={"queue": self._keys.name, "jobs": report.unknown},
         )
 
+    def start(self) -> None:
+        """Start the record and delivery threads (the tellers start as they are needed)."""
+        self.records.start()
+        self.thread.start()
+
     def send(self, report: Report, replies: Sequence[pykka.Future[Any]] = ()) -> None:
-        """Count and log the report's losses; hand it and the replies to the delivery thread."""
+        """Count and log the report's losses; tell its targets, deliver it, then set the replies.
+
+        A reply is set once the callbacks ran, every target was told, and the
+        records logged so far were written.
+        """
         self._log_lost(report.lost)
         waiting = []
         for reply in replies:
@@ -321,8 +460,19 @@ class Reporter:
                 reply.set(None)  # asked by user code: its own report comes after it
             else:
                 waiting.append(reply)
-        if report or waiting:
-            self.thread.put(report, waiting)
+        tells = report.tells
+        done = _Done(1 + len(tells), waiting) if waiting else _nothing
+        if tells:
+            self.tellers.tell(tells, done)
+        if report.renewed or report.lost or report.error is not None or waiting:
+            records = self.records
+            self.thread.put(report, (lambda: records.after(done)) if waiting else _nothing)
+
+    def _end(self) -> None:
+        # On the delivery thread, after the last report: the last tells and records, bounded.
+        deadline = time.monotonic() + STOP_WAIT_S
+        self.tellers.end(deadline)
+        self.records.end(max(0.0, deadline - time.monotonic()))
 
     def _log_lost(self, lost: Sequence[LostLock]) -> None:
         if not lost:
@@ -382,21 +532,6 @@ class Reporter:
             self._call(self._on_failed, report.lost, "on_lock_renewal_failed")
         if report.error is not None:
             self._call(self._on_error, report.error, "on_error")
-        for target, message in report.tells:
-            try:
-                target.tell(message)
-            except pykka.ActorDeadError:
-                # The holder is gone: nobody is left to tell.
-                logger.debug("LockManager for queue %r: a dead target skipped", self._keys.name)
-            except BaseException:
-                logger.warning(
-                    "LockManager for queue %r: could not tell a %s that job %r lost its lock",
-                    self._keys.name,
-                    type(target).__name__,
-                    message.job_id,
-                    exc_info=True,
-                    extra={"queue": self._keys.name, "job_id": message.job_id},
-                )
 
     def _call(self, callback: Callable[[Any], object] | None, arg: Any, name: str) -> None:
         if callback is None:

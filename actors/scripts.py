@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import logging
 from functools import lru_cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -32,6 +31,7 @@ from actors.connection import (
 )
 from actors.keys import hash_slot, lock_key
 from actors.messages import EXPIRED, STOLEN, BatchOutcome, ChunkError, UnconfirmedLossError
+from actors.telemetry import Log
 from actors.timing import check_lock_duration, require_int
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ __all__ = [
     "script_source",
 ]
 
-logger = logging.getLogger("actors.scripts")
+logger = Log("actors.scripts")
 
 #: File name of the renewal script; the ``-1`` is its number of KEYS.
 SCRIPT_NAME = "extendLocks-1.lua"

@@ -1,6 +1,14 @@
-"""Optional OpenTelemetry: one ``extend_locks`` span per renewing tick, and metric instruments.
+"""What a manager records, and the thread it is written on: log lines, metrics, spans.
 
-Active only when ``opentelemetry-api`` can be imported (``pip install
+Logging handlers, meters, span processors and exporters are the application's
+code: a manager's own threads (its actor, timer, renewal and child-reader
+threads) never run them. Each manager writes its records on a
+:class:`RecordThread` of its own; a record that would wait behind more than
+:data:`MAX_WAITING_RECORDS`, or whose writing raised, is dropped and counted
+(:attr:`~actors.Stats.records_dropped`). A renewal is never dropped.
+
+OpenTelemetry is optional: one ``extend_locks`` span per renewing tick, and
+metric instruments. Active only when ``opentelemetry-api`` can be imported (``pip install
 'echomq-actors[otel]'``); otherwise every call is a no-op. The API's global
 providers are used, so the application picks the SDK and exporters, before or
 after the managers start. Attribute names follow BullMQ's Node.js
@@ -11,12 +19,15 @@ runtime; the rest live under ``echomq.lock.*``.
 from __future__ import annotations
 
 import contextlib
+import logging
+import queue
+import sys
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Iterator, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
     from actors.messages import BatchOutcome
 
@@ -32,6 +43,7 @@ __all__ = [
     "ATTR_QUEUE",
     "ATTR_REASON",
     "MAX_FAILED_IDS",
+    "MAX_WAITING_RECORDS",
     "METRIC_FAILED_TICKS",
     "METRIC_LOSSES",
     "METRIC_MARGIN",
@@ -41,7 +53,9 @@ __all__ = [
     "METRIC_TRACKED",
     "OPERATION",
     "SPAN_NAME",
+    "Log",
     "Meters",
+    "RecordThread",
     "TickSpan",
     "tick_span",
 ]
@@ -95,6 +109,122 @@ T = TypeVar("T")
 _lock = threading.Lock()
 #: The managers' meters, read by the tracked-locks gauge; a closed one leaves.
 _LIVE: weakref.WeakSet[Meters] = weakref.WeakSet()
+
+#: Records at most waiting for a manager's record thread: past it, new ones are dropped.
+MAX_WAITING_RECORDS: Final = 10_000
+#: The attribute of a thread that names the record thread its log lines go to.
+_SINK: Final = "actors_records"
+
+
+class RecordThread(threading.Thread):
+    """The thread one manager writes its log lines, measurements and spans on.
+
+    Nothing waits for it: :meth:`put` never blocks, and what the application
+    installed (a handler, a meter, a span processor) raises or stalls here
+    alone, costing records, never a renewal or a watcher's warning.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self._queue: queue.SimpleQueue[tuple[Callable[..., object], tuple[Any, ...], Any] | None]
+        self._queue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        #: Records dropped so far: behind, or raised while written.
+        self.dropped = 0
+        self._warned = False
+
+    def attach(self, thread: threading.Thread | None = None) -> None:
+        """Send the log lines of ``thread`` (default: the calling one) here, from now on."""
+        setattr(thread or threading.current_thread(), _SINK, self)
+
+    def put(self, write: Callable[..., object], *args: Any, **kwargs: Any) -> None:
+        """Write ``write(*args, **kwargs)`` on this thread, unless too many wait already."""
+        if self._queue.qsize() >= MAX_WAITING_RECORDS:
+            self._drop(None)
+            return
+        self._queue.put((write, args, kwargs))
+
+    def after(self, then: Callable[[], object]) -> None:
+        """Call ``then`` here once every record put before is written (never dropped)."""
+        self._queue.put((then, (), None))
+
+    def end(self, timeout: float) -> None:
+        """Write what waits, then end; wait ``timeout`` seconds at most (not from this thread)."""
+        self._queue.put(None)
+        if self.ident is not None and threading.current_thread() is not self:
+            self.join(timeout)
+
+    def run(self) -> None:
+        """Write each record in turn, until :meth:`end`."""
+        while (item := self._queue.get()) is not None:
+            write, args, kwargs = item
+            try:
+                write(*args, **(kwargs or {}))
+            except BaseException as exc:
+                self._drop(exc)
+
+    def _drop(self, error: BaseException | None) -> None:
+        with self._lock:
+            self.dropped += 1
+            warn, self._warned = not self._warned, True
+        if warn and error is not None and threading.current_thread() is self:
+            # Once: the handler that raised may be the one this line goes to.
+            with contextlib.suppress(BaseException):
+                logging.getLogger("actors.telemetry").warning(
+                    "%s: writing a record raised; it is dropped, as every record whose "
+                    "writing raises (counted in Stats.records_dropped)",
+                    self.name,
+                    exc_info=error,
+                )
+
+
+class Log:
+    """A module's logger: on a thread attached to a :class:`RecordThread`, written there.
+
+    Elsewhere (a caller's thread, the delivery thread) it logs at once, as
+    ``logging.getLogger(name)`` would.
+    """
+
+    __slots__ = ("logger",)
+
+    def __init__(self, name: str) -> None:
+        #: The standard logger the records go to.
+        self.logger = logging.getLogger(name)
+
+    def debug(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        """Log at DEBUG."""
+        self.log(logging.DEBUG, msg, *args, **kwargs)
+
+    def info(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        """Log at INFO."""
+        self.log(logging.INFO, msg, *args, **kwargs)
+
+    def warning(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        """Log at WARNING."""
+        self.log(logging.WARNING, msg, *args, **kwargs)
+
+    def error(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        """Log at ERROR."""
+        self.log(logging.ERROR, msg, *args, **kwargs)
+
+    def exception(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        """Log at ERROR with the exception being handled."""
+        kwargs.setdefault("exc_info", True)
+        self.log(logging.ERROR, msg, *args, **kwargs)
+
+    def log(self, level: int, msg: str, *args: Any, **kwargs: Any) -> None:
+        """Log at ``level``: here, or on the calling thread's record thread."""
+        logger = self.logger
+        if not logger.isEnabledFor(level):
+            return
+        sink: RecordThread | None = getattr(threading.current_thread(), _SINK, None)
+        if sink is None:
+            logger.log(level, msg, *args, **kwargs)
+            return
+        if kwargs.get("exc_info") is True:
+            # Read now: on the record thread no exception is being handled.
+            kwargs["exc_info"] = sys.exc_info()
+        sink.put(logger.log, level, msg, *args, **kwargs)
 
 
 class TickSpan:
@@ -174,20 +304,36 @@ def _make_tracer() -> Any:
 _get_tracer = _optional(_make_tracer)
 
 
-@contextlib.contextmanager
-def tick_span(queue: str, jobs: int) -> Iterator[TickSpan]:
-    """Open the span of one tick renewing ``jobs`` due jobs; yield its :class:`TickSpan`."""
+def tick_span(
+    queue: str,
+    jobs: int,
+    started_ns: int,
+    ended_ns: int,
+    outcome: BatchOutcome | BaseException,
+    calls: int,
+    late_ms: float,
+    margin_ms: float,
+) -> None:
+    """Write the span of a renewing tick of ``jobs`` due jobs, from what the tick measured.
+
+    Written after the tick, on the record thread: ``started_ns`` and
+    ``ended_ns`` are the round trip's times (``time.time_ns()``), and the
+    outcome, calls, lateness and least margin (ms) are :meth:`TickSpan.record`'s.
+    """
     tracer = _get_tracer()
     if tracer is None:
-        yield TickSpan(None)
         return
-    with tracer.start_as_current_span(
+    span = tracer.start_span(
         SPAN_NAME,
         attributes={ATTR_QUEUE: queue, ATTR_OPERATION: OPERATION, ATTR_JOBS: jobs},
+        start_time=started_ns,
         record_exception=False,
         set_status_on_exception=False,
-    ) as span:
-        yield TickSpan(span)
+    )
+    try:
+        TickSpan(span).record(outcome, calls, late_ms, margin_ms)
+    finally:
+        span.end(end_time=ended_ns)
 
 
 class _Instruments:
@@ -249,16 +395,18 @@ _get_instruments = _optional(_make_instruments)
 class Meters:
     """What one manager records to the metric instruments; does nothing without OpenTelemetry.
 
-    Recorded on the manager's thread (the SDK only aggregates there); the
-    tracked-locks gauge calls ``tracked`` on the reader's thread.
+    Each measurement is written through ``post`` (a :meth:`RecordThread.put`),
+    never on the thread that measured; the tracked-locks gauge calls
+    ``tracked`` on the reader's thread.
     """
 
-    __slots__ = ("__weakref__", "_attributes", "_instruments", "queue", "tracked")
+    __slots__ = ("__weakref__", "_attributes", "_instruments", "_post", "queue", "tracked")
 
-    def __init__(self, queue: str, tracked: Callable[[], int]) -> None:
+    def __init__(self, queue: str, tracked: Callable[[], int], post: Callable[..., None]) -> None:
         self.queue = queue
         #: How many locks the manager tracks; read from any thread.
         self.tracked = tracked
+        self._post = post
         self._attributes = {ATTR_QUEUE: queue}
         self._instruments = _get_instruments()
         if self._instruments is not None:
@@ -267,7 +415,7 @@ class Meters:
     def renewed(self, count: int) -> None:
         """Count ``count`` confirmed renewals."""
         if self._instruments is not None and count:
-            self._instruments.renewals.add(count, self._attributes)
+            self._post(self._instruments.renewals.add, count, self._attributes)
 
     def lost(self, reasons: Iterable[str]) -> None:
         """Count one lost lock per reason given."""
@@ -277,27 +425,31 @@ class Meters:
         for reason in reasons:
             by_reason[reason] = by_reason.get(reason, 0) + 1
         for reason, count in by_reason.items():
-            self._instruments.losses.add(count, {**self._attributes, ATTR_REASON: reason})
+            self._post(
+                self._instruments.losses.add, count, {**self._attributes, ATTR_REASON: reason}
+            )
 
     def failed_tick(self) -> None:
         """Count a tick whose Redis call failed."""
         if self._instruments is not None:
-            self._instruments.failed_ticks.add(1, self._attributes)
+            self._post(self._instruments.failed_ticks.add, 1, self._attributes)
 
     def tick(self, elapsed_ms: float) -> None:
         """Record how long a renewing tick's call took, in ms."""
         if self._instruments is not None:
-            self._instruments.duration.record(elapsed_ms / 1000, self._attributes)
+            self._post(self._instruments.duration.record, elapsed_ms / 1000, self._attributes)
 
     def late(self, late_ms: float) -> None:
         """Record how late a timer tick ran, in ms."""
         if self._instruments is not None:
-            self._instruments.lateness.record(max(0.0, late_ms) / 1000, self._attributes)
+            late_s = max(0.0, late_ms) / 1000
+            self._post(self._instruments.lateness.record, late_s, self._attributes)
 
     def margin(self, margin_ms: float) -> None:
         """Record the least time a renewed lock had left at a tick, in ms."""
         if self._instruments is not None:
-            self._instruments.margin.record(max(0.0, margin_ms) / 1000, self._attributes)
+            margin_s = max(0.0, margin_ms) / 1000
+            self._post(self._instruments.margin.record, margin_s, self._attributes)
 
     def close(self) -> None:
         """Leave the tracked-locks gauge: the manager stopped."""

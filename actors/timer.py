@@ -8,18 +8,21 @@ and arms the timer again; a "renew now" sent by a user leaves the grid alone.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
-from typing import Final, Literal, Protocol
+from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 import pykka
 
+from actors.telemetry import Log
 from actors.timing import monotonic_ms, next_tick
+
+if TYPE_CHECKING:
+    from actors.telemetry import RecordThread
 
 __all__ = ["Alarm", "Fire", "ManualTimer", "ThreadTimer", "Timer", "TimerFactory"]
 
-logger = logging.getLogger(__name__)
+logger = Log(__name__)
 
 
 class Timer(Protocol):
@@ -50,6 +53,8 @@ class ThreadTimer:
         name: The thread's name.
         clock: The clock times are on, in milliseconds; it must advance with
             real time (the default is the monotonic clock).
+        records: Where the timer thread's log lines are written (a
+            manager's record thread); by default, on the timer thread.
     """
 
     def __init__(
@@ -57,6 +62,8 @@ class ThreadTimer:
         fire: Callable[[int], None],
         name: str,
         clock: Callable[[], int] = monotonic_ms,
+        *,
+        records: RecordThread | None = None,
     ) -> None:
         self._fire = fire
         self._clock = clock
@@ -64,6 +71,8 @@ class ThreadTimer:
         self._deadline: int | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        if records is not None:
+            records.attach(self._thread)
         self._thread.start()
 
     def arm(self, deadline_ms: int) -> None:

@@ -40,6 +40,7 @@ from actors.connection import client_like, client_settings, command_timeout, enc
 from actors.lock_manager import Fired, LockManager, TicksFirst
 from actors.process.shared import Cells, SharedValidity, Tick, Writer
 from actors.scripts import DEFAULT_MAX_BATCH
+from actors.telemetry import Log
 from actors.timer import ThreadTimer
 from actors.timing import DEFAULT_LOCK_DURATION, check_lock_duration, yield_interpreter
 
@@ -60,7 +61,7 @@ __all__ = [
     "connection_spec",
 ]
 
-logger = logging.getLogger("actors.lock_manager")
+logger = Log("actors.lock_manager")
 
 #: Most seconds a child may take to start and answer that it is ready.
 START_TIMEOUT_S: Final = 30.0
@@ -314,16 +315,18 @@ class ProcessLockManager(LockManager, isolation="process"):
     def _start_threads(self) -> None:
         child = self._child
         assert child is not None
-        self.delivery.start()
+        self._reporter.start()
         self._reader = threading.Thread(
             target=self._read,
             args=(child,),
             name=f"LockManager-child-{self.queue_name}",
             daemon=True,
         )
+        self._reporter.records.attach(self._reader)
         self._reader.start()
         # The worker's own timer fires only for watched locks' deadlines: the grid is the child's.
-        timer = ThreadTimer(self._fire, f"LockManager-timer-{self.queue_name}", self.clock)
+        name = f"LockManager-timer-{self.queue_name}"
+        timer = ThreadTimer(self._fire, name, self.clock, records=self._reporter.records)
         self._alarm.start(timer, grid=False)
 
     def _close_parts(self) -> None:
@@ -406,7 +409,7 @@ class ProcessLockManager(LockManager, isolation="process"):
             for word in words:
                 if word[0] == "log":
                     _, level, name, text = word
-                    logging.getLogger(name).log(level, "%s", text)
+                    Log(name).log(level, "%s", text)
                 elif word[0] == "tick":
                     self._said(ChildSaid("tick", word[1]))
 
@@ -589,7 +592,11 @@ class ProcessLockManager(LockManager, isolation="process"):
         later = not jobs.valid
         if not later:
             jobs.stamp(renewed, at, raise_only=True)
-            books.unconfirmed(now, report, why=self._why(0))
+            gone = books.unconfirmed(now, report, why=self._why(0))
+            if gone:
+                # Let go after all (its answer came past its deadline): lost, not renewed.
+                let_go = set(gone)
+                renewed = [job_id for job_id in renewed if job_id not in let_go]
         if self._reporter.wants_renewed:
             # A copy: the callback may change its list while the stamps are set.
             report.renewed = list(renewed) if later else renewed

@@ -10,7 +10,6 @@ come late, its cell never. Words go over a socket pair as lists of tuples.
 from __future__ import annotations
 
 import contextlib
-import logging
 import mmap
 import os
 import queue
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from actors.jobs import Validity
+from actors.telemetry import Log
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SLOTS", "Cells", "SharedValidity", "Tick", "Writer", "map_cells"]
 
-logger = logging.getLogger("actors.lock_manager")
+logger = Log("actors.lock_manager")
 
 #: Watched locks whose deadline can be shared at once; past it a lock's
 #: deadline follows the child's words alone.

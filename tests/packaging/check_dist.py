@@ -104,10 +104,11 @@ assert callable(use_actor_lock_manager) and issubclass(ActorLockManager, object)
 
 #: ``[otel]``: the telemetry module finds OpenTelemetry and opens a tick's span.
 CHECK_OTEL = """
-from actors import telemetry
+import time
+from actors import BatchOutcome, telemetry
 assert telemetry._get_tracer() is not None, "the otel extra leaves telemetry off"
-with telemetry.tick_span("wheel", 1) as span:
-    span.finish([], 1)
+now = time.time_ns()
+telemetry.tick_span("wheel", 1, now, now + 1, BatchOutcome([], []), 1, 0.0, 0.0)
 """
 
 #: ``[demo]``: what the demo's live view and its timeline picture import.

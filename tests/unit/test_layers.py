@@ -1,6 +1,6 @@
 """The package's imports only point down its layers, and no module dodges a cycle.
 
-The layers, bottom to top: pure logic, Redis I/O, the actor, tools. A module
+The layers, bottom to top: pure logic, records and Redis I/O, the actor, tools. A module
 may import from its own layer only modules listed before it here, and any
 module of a lower layer. ``actors/__init__.py`` re-exports from every layer.
 """
@@ -14,9 +14,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "actors"
 
 LAYERS = [
     ["timing", "keys", "messages", "jobs", "books"],
-    ["connection", "scripts", "fencing"],
+    ["telemetry", "connection", "scripts", "fencing"],
     [
-        "telemetry",
         "timer",
         "report",
         "ref",

@@ -33,7 +33,16 @@ from actors import (
 )
 from actors.lock_manager import CLOSE_WAIT_S, TicksFirst
 from actors.messages import MESSAGES, UNCONFIRMED, LockLost
-from tests.support import Inbox, LockTable, ManualClock, Recorder, manual_timer, settle, tick
+from tests.support import (
+    Inbox,
+    LockTable,
+    ManualClock,
+    Recorder,
+    manual_timer,
+    settle,
+    tick,
+    wait_for,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -145,6 +154,12 @@ def test_a_message_the_manager_cannot_take_is_dropped_with_a_warning_and_it_live
     track_job(held.manager, "k", "t")
 
     assert get_tracked_job_ids(held.manager, timeout=5) == ["k"]
+    # Logged on the manager's record thread, soon after.
+    wait_for(
+        lambda: [r for r in caplog.records if "dropped a TrackJob" in r.getMessage()],
+        5,
+        "the warning",
+    )
     dropped = [r for r in caplog.records if "dropped a TrackJob" in r.getMessage()]
     assert len(dropped) == 1
     assert dropped[0].exc_info is not None and "safety_margin" in str(dropped[0].exc_info[1])
