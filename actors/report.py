@@ -252,17 +252,25 @@ class Tellers:
     def __init__(self, queue_name: str, records: RecordThread) -> None:
         self._queue_name = queue_name
         self._records = records
-        self._items: queue.SimpleQueue[tuple[Notify, LockLost, Callable[[], None]] | None]
+        self._items: queue.SimpleQueue[tuple[Notify, LockLost, int] | None]
         self._items = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads: list[_Teller] = []
         #: Items put and not taken yet; threads waiting for one.
         self._waiting = 0
         self._free = 0
+        #: The numbers of the tells not done yet (in order), the last number given,
+        #: and who waits for every tell up to a number.
+        self._pending: dict[int, None] = {}
+        self._last = 0
+        self._barriers: list[tuple[int, Callable[[], None]]] = []
 
-    def tell(self, tells: Sequence[tuple[Notify, LockLost]], done: Callable[[], None]) -> None:
-        """Tell each target its message; call ``done`` after each tell."""
+    def tell(self, tells: Sequence[tuple[Notify, LockLost]]) -> None:
+        """Tell each target its message."""
         with self._lock:
+            first = self._last + 1
+            self._last += len(tells)
+            self._pending.update(dict.fromkeys(range(first, self._last + 1)))
             self._waiting += len(tells)
             while self._waiting > self._free and len(self._threads) < MAX_TELLERS:
                 self._free += 1
@@ -272,8 +280,16 @@ class Tellers:
                 self._records.attach(thread)
                 self._threads.append(thread)
                 thread.start()
-        for target, message in tells:
-            self._items.put((target, message, done))
+        for number, (target, message) in enumerate(tells, first):
+            self._items.put((target, message, number))
+
+    def barrier(self, then: Callable[[], None]) -> None:
+        """Call ``then`` once every tell made so far is done (here, if they are)."""
+        with self._lock:
+            if self._pending and next(iter(self._pending)) <= self._last:
+                self._barriers.append((self._last, then))
+                return
+        then()
 
     def end(self, deadline: float) -> None:
         """Tell what is queued, then end the threads; wait until ``deadline`` (monotonic s)."""
@@ -290,13 +306,19 @@ class Tellers:
             with self._lock:
                 self._free -= 1
                 self._waiting -= 1
-            target, message, done = item
+            target, message, number = item
             try:
                 _tell(self._queue_name, target, message)
             finally:
-                done()
                 with self._lock:
                     self._free += 1
+                    del self._pending[number]
+                    first = next(iter(self._pending), self._last + 1)
+                    passed = [then for upto, then in self._barriers if upto < first]
+                    if passed:
+                        self._barriers = [b for b in self._barriers if b[0] >= first]
+                for then in passed:
+                    then()
 
 
 def _tell(queue_name: str, target: Notify, message: LockLost) -> None:
@@ -450,8 +472,8 @@ class Reporter:
     def send(self, report: Report, replies: Sequence[pykka.Future[Any]] = ()) -> None:
         """Count and log the report's losses; tell its targets, deliver it, then set the replies.
 
-        A reply is set once the callbacks ran, every target was told, and the
-        records logged so far were written.
+        A reply is set once the callbacks ran, every target told so far was
+        told, and the records logged so far were written.
         """
         self._log_lost(report.lost)
         waiting = []
@@ -460,13 +482,17 @@ class Reporter:
                 reply.set(None)  # asked by user code: its own report comes after it
             else:
                 waiting.append(reply)
-        tells = report.tells
-        done = _Done(1 + len(tells), waiting) if waiting else _nothing
-        if tells:
-            self.tellers.tell(tells, done)
-        if report.renewed or report.lost or report.error is not None or waiting:
-            records = self.records
-            self.thread.put(report, (lambda: records.after(done)) if waiting else _nothing)
+        if report.tells:
+            self.tellers.tell(report.tells)
+        if not waiting:
+            if report.renewed or report.lost or report.error is not None:
+                self.thread.put(report)
+            return
+        # Set once this report and every earlier one are delivered, told and logged.
+        done = _Done(2, waiting)
+        self.tellers.barrier(done)
+        records = self.records
+        self.thread.put(report, lambda: records.after(done))
 
     def _end(self) -> None:
         # On the delivery thread, after the last report: the last tells and records, bounded.
