@@ -27,6 +27,7 @@ from actors.embedded import server_url
 
 __all__ = ["CLAIM", "READ", "TABLE", "WRITE", "Connection", "FencedStore"]
 
+# --8<-- [start:store]
 #: One row per job id: the largest fence seen, and the last result written (NULL before).
 TABLE = """CREATE TABLE IF NOT EXISTS job_results (
     job_id TEXT PRIMARY KEY,
@@ -107,6 +108,9 @@ class FencedStore:
             cursor.close()
         self._db.commit()
         return changed
+
+
+# --8<-- [end:store]
 
 
 def take(client: redis.Redis, keys: actors.QueueKeys, job_id: str) -> str:

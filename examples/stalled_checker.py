@@ -30,6 +30,7 @@ __all__ = ["StalledChecker", "add", "fetch", "state"]
 LOCK_MS = 1000  #: The jobs' lock TTL, in milliseconds: short, so the example ends in seconds.
 
 
+# --8<-- [start:checker]
 class StalledChecker:
     """BullMQ's stalled check on one queue, every ``interval_ms``, until stopped.
 
@@ -147,6 +148,9 @@ class StalledChecker:
         with self._changed:
             self._errors.append(error)
             self._changed.notify_all()
+
+
+# --8<-- [end:checker]
 
 
 async def add(url: str, queue: str) -> str:
