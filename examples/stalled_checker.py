@@ -116,7 +116,8 @@ class StalledChecker:
             if not self._changed.wait_for(lambda: done() or bool(self._errors), timeout):
                 raise TimeoutError(f"{what}: not within {timeout} s ({self.checks} checks ran)")
             if self._errors:
-                raise RuntimeError(f"the stalled check failed: {self._errors[0]!r}")
+                error = self._errors[0]
+                raise RuntimeError(f"the stalled check failed: {type(error).__name__}: {error}")
 
     async def _start(self) -> None:
         self._worker = Worker(self._queue, None, self._options)

@@ -347,8 +347,11 @@ def _make_test_line(page: Path) -> str:
     return line
 
 
-def test_the_readme_and_the_home_page_describe_make_test_alike() -> None:
-    assert _make_test_line(README) == _make_test_line(DOCS / "index.md")
+def test_the_readme_and_the_docs_describe_make_test_alike() -> None:
+    readme = _make_test_line(README)
+
+    assert _make_test_line(DOCS / "index.md") == readme
+    assert _make_test_line(DOCS / "guides" / "getting-started.md") == readme
 
 
 def test_where_to_start_points_at_every_guide() -> None:

@@ -80,6 +80,20 @@ def test_the_checker_leaves_alone_a_job_whose_lock_is_renewed(
     assert redis_client.get(keys.lock(job_id)) == token.encode()
 
 
+def test_a_check_the_server_refuses_makes_the_waits_raise(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    # Given a queue whose stalled set is not a set: BullMQ's check fails on it
+    redis_client.set("bull:recipe-broken:stalled", "not a set")
+
+    # When a test waits on the checker, then the wait raises with the server's error
+    with (
+        StalledChecker(server.url, "recipe-broken", interval_ms=INTERVAL_MS) as checker,
+        pytest.raises(RuntimeError, match="ResponseError"),
+    ):
+        checker.wait_checks(2, timeout=STALL_S)
+
+
 # -- the fenced store --------------------------------------------------------------------
 
 
