@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck docs docs-check package bench soak faults fuzz bullmq-compat clean
+.PHONY: demo test lint typecheck docs docs-check package bench soak faults fuzz bullmq-compat bullmq-latest clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,10 @@ fuzz: $(STAMP)
 ## bullmq-compat: bullmq-py's own tests, stock and with the integration (BULLMQ_TESTS=path/to/python/tests)
 bullmq-compat: $(STAMP)
 	$(BIN)/python -m tests.compat.run $(BULLMQ_TESTS)
+
+## bullmq-latest: tests/bullmq against the newest bullmq-py the bullmq extra allows, in a throwaway venv
+bullmq-latest:
+	$(PYTHON) -m tests.compat.latest $(PYTEST_ARGS)
 
 ## faults: the fault suite and its results table
 faults: $(STAMP)

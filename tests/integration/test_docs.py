@@ -36,6 +36,8 @@ DOCS = ROOT / "docs"
 PAGES = [README, *sorted(p for p in DOCS.rglob("*.md") if "_tools" not in p.parts)]
 FENCE = re.compile(r"^\s*```(\S*)\s*$")
 RUN = "<!-- test: run -->"
+#: A line that includes a file, or a section of one, into a block (``pymdownx.snippets``).
+SNIPPET = re.compile(r'--8<-- "([^"]+)"')
 HIDDEN = re.compile(r"^<!-- test: (setup|teardown)\n(.*?)^-->$", re.DOTALL | re.MULTILINE)
 
 #: Run before an example: every ``redis.Redis`` it builds reaches the test server.
@@ -102,9 +104,42 @@ def hidden(text: str, part: str) -> str:
     return "".join(code for kind, code in HIDDEN.findall(text) if kind == part)
 
 
+def section(text: str, name: str) -> str:
+    """The lines of ``text`` between its ``--8<-- [start:name]`` and ``--8<-- [end:name]`` marks.
+
+    Raises:
+        AssertionError: The file has no such section.
+    """
+    mark = r"^[^\n]*--8<-- \[{}:" + re.escape(name) + r"\]"
+    found = re.search(
+        mark.format("start") + r"[^\n]*\n(.*?)" + mark.format("end"),
+        text,
+        re.DOTALL | re.MULTILINE,
+    )
+    assert found is not None, f"no section {name!r}"
+    return found.group(1)
+
+
+def included(code: str) -> str:
+    """A block's code with each snippet line (``--8<-- "path[:section]"``) replaced as MkDocs does.
+
+    Paths are from the repository's root (``pymdownx.snippets``' ``base_path``).
+    """
+    lines = []
+    for line in code.splitlines(keepends=True):
+        snippet = SNIPPET.fullmatch(line.strip())
+        if snippet is None:
+            lines.append(line)
+            continue
+        path, _, name = snippet.group(1).partition(":")
+        text = (ROOT / path).read_text(encoding="utf-8")
+        lines.append(section(text, name) if name else text)
+    return "".join(lines)
+
+
 def python_blocks(page: Path) -> list[Block]:
     return [
-        block
+        Block(block.line, block.language, included(block.code), block.run)
         for block in code_blocks(page.read_text(encoding="utf-8"), _name(page))
         if block.language == "python"
     ]
@@ -171,12 +206,18 @@ def api_mistakes(tree: ast.Module) -> list[str]:
 
 
 def script(server: Server, *parts: str) -> subprocess.CompletedProcess[str]:
-    """Run the parts as one script, every ``redis.Redis`` pointed at the test server."""
+    """Run the parts as one script, every ``redis.Redis`` pointed at the test server.
+
+    A ``from __future__`` import of a block goes first, where Python wants it.
+    """
     where = urlsplit(server.url)
     db = int(where.path.lstrip("/") or 0)
     prelude = REDIRECT.format(host=where.hostname, port=where.port, db=db)
+    lines = "\n".join(parts).splitlines()
+    future = [line for line in lines if line.startswith("from __future__ import")]
+    rest = [line for line in lines if not line.startswith("from __future__ import")]
     return subprocess.run(
-        [sys.executable, "-c", prelude + "\n".join(parts)],
+        [sys.executable, "-c", "\n".join([*future, prelude, *rest])],
         capture_output=True,
         text=True,
         timeout=60,
@@ -277,6 +318,50 @@ def test_a_marked_example_runs_against_a_real_server(
     # Then it succeeds without a warning or an error on stderr
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
+
+
+def test_a_snippet_line_is_replaced_by_the_section_it_names() -> None:
+    code = 'import sqlite3\n--8<-- "examples/fenced_store.py:store"\nstore = None\n'
+
+    expanded = included(code)
+
+    assert expanded.startswith("import sqlite3\n")
+    assert "class FencedStore:" in expanded
+    assert "def main(" not in expanded
+    assert "8<" not in expanded
+    assert expanded.endswith("store = None\n")
+    with pytest.raises(AssertionError):
+        included('--8<-- "examples/fenced_store.py:nowhere"\n')
+
+
+def test_the_readme_is_at_most_200_lines() -> None:
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 200
+
+
+def _make_test_line(page: Path) -> str:
+    (line,) = [
+        line
+        for line in page.read_text(encoding="utf-8").splitlines()
+        if line.startswith("make test ")
+    ]
+    return line
+
+
+def test_the_readme_and_the_docs_describe_make_test_alike() -> None:
+    readme = _make_test_line(README)
+
+    assert _make_test_line(DOCS / "index.md") == readme
+    assert _make_test_line(DOCS / "guides" / "getting-started.md") == readme
+
+
+def test_where_to_start_points_at_every_guide() -> None:
+    home = (DOCS / "index.md").read_text(encoding="utf-8")
+    table = home.split("## Where to start", 1)[1].split("\n## ", 1)[0]
+    linked = set(re.findall(r"\]\((guides/[^)#]+\.md)", table))
+
+    guides = {f"guides/{page.name}" for page in (DOCS / "guides").glob("*.md")}
+    assert guides - linked == set()
+    assert {"guides/fencing.md", "guides/troubleshooting.md"} <= linked
 
 
 def _slug(heading: str) -> str:

@@ -34,6 +34,8 @@ EXAMPLES = (
     "lease_asyncio",
     "lease_actor",
     "supervisor_tree process",
+    "stalled_checker",
+    "fenced_store",
 )
 #: The examples' lock TTL, in milliseconds.
 LOCK_MS = 1500
@@ -188,3 +190,27 @@ def test_the_lease_examples_run_as_scripts_and_say_how_their_job_ended(runs: Run
     assert re.fullmatch(r"did \d+ steps; lock lost: stolen", output(runs, "lease_thread")[-1])
     assert output(runs, "lease_asyncio")[-1] == "('cancelled: lock stolen', 1)"
     assert re.fullmatch(r"\['lost \(stolen\) after \d+ steps'\]", output(runs, "lease_actor")[-1])
+
+
+def test_the_recipes_run_as_scripts_and_say_what_they_did(runs: Runs) -> None:
+    # Given the Recipes guide's two examples run as a user runs them
+    # (tests/integration/test_recipes.py checks each part), then each did what it says:
+    # the checker handed back the job nobody renewed and left the renewed one active
+    stalled = output(runs, "stalled_checker")
+    assert len(stalled) == 3, stalled
+    dropped = re.fullmatch(r"job (\d+): stalled, now waiting", stalled[0])
+    assert dropped, stalled
+    assert re.fullmatch(r"job \d+: renewed, now active", stalled[1]), stalled
+    assert stalled[2] == f"reported stalled: ['{dropped[1]}']"
+    # ...and the fenced store refused the paused holder's write, not the new holder's
+    lines = output(runs, "fenced_store")
+    first, second = (
+        re.fullmatch(r"holder \d: fence (\d+), claim accepted: True", line) for line in lines[:2]
+    )
+    assert first and second, lines
+    assert int(first[1]) < int(second[1])
+    assert lines[2:] == [
+        f"holder 1 writes with fence {first[1]}: accepted: False",
+        f"holder 2 writes with fence {second[1]}: accepted: True",
+        f"row: ({second[1]}, 'invoice by holder 2')",
+    ]

@@ -14,7 +14,7 @@ import redis
 
 from actors import get_stats, start_link, stop, telemetry, track_job
 from tests.integration.conftest import LOCK_DURATION, THRESHOLD, hold, on_a_dead_server, queue_keys
-from tests.support import ManualClock, take_locks, tick, wait_for
+from tests.support import ManualClock, settle, take_locks, tick, wait_for
 from tests.support.metering import metric_points, sdk_metering
 
 if TYPE_CHECKING:
@@ -71,6 +71,47 @@ def test_renewals_losses_by_reason_tick_duration_margin_and_tracked(
     # When the manager stops, it leaves the gauge
     stop(manager)
     assert [p.value for p in points(telemetry.METRIC_TRACKED, name)] == []
+
+
+def test_a_counter_appears_at_its_first_event_and_the_gauge_with_the_manager(
+    redis_client: redis.Redis, start_manual: StartManager
+) -> None:
+    metering = sdk_metering()
+    keys, clock = queue_keys(), ManualClock()
+    name = keys.name
+    # Given a manager, whose gauge reads 0 from its start, that tracks one job and has
+    # renewed nothing yet
+    manager = start_manual(redis_client, keys, clock)
+    settle(manager)
+    assert [p.value for p in points(telemetry.METRIC_TRACKED, name)] == [0]
+    track_job(manager, "f1", hold(redis_client, keys, "f1"))
+    settle(manager)
+
+    # Then the gauge reads it, and no counter or histogram has a point for the queue
+    assert [p.value for p in points(telemetry.METRIC_TRACKED, name)] == [1]
+    for instrument in (
+        telemetry.METRIC_RENEWALS,
+        telemetry.METRIC_LOSSES,
+        telemetry.METRIC_FAILED_TICKS,
+        telemetry.METRIC_TICK_DURATION,
+        telemetry.METRIC_MARGIN,
+    ):
+        assert points(instrument, name) == [], instrument
+
+    # When the first renewing tick renews the lock
+    clock.advance(THRESHOLD + 1)
+    tick(manager)
+
+    # Then the renewals counter appears, born at that first renewal's count; the losses and
+    # failed ticks counters still have no point: not a zero, nothing
+    assert total(telemetry.METRIC_RENEWALS, name) == {"": 1}
+    assert total(telemetry.METRIC_LOSSES, name) == {}
+    assert total(telemetry.METRIC_FAILED_TICKS, name) == {}
+    # ...and a Prometheus scrape has a renewals series for the queue and no losses series
+    with urllib.request.urlopen(metering.scrape_url, timeout=10) as answer:
+        scraped = [line for line in answer.read().decode().splitlines() if name in line]
+    assert any(line.startswith("echomq_lock_renewals_total{") for line in scraped), scraped
+    assert not any(line.startswith("echomq_lock_losses_total{") for line in scraped), scraped
 
 
 def test_a_failed_tick_is_counted_and_keeps_every_lock(start_manual: StartManager) -> None:
