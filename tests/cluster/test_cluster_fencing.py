@@ -27,7 +27,8 @@ def test_every_helper_works_on_a_hash_tagged_queue(cluster_client: redis.RedisCl
     # given a job of a queue whose keys share one slot
     token = hold(cluster_client)
     # then fences count, guarded writes to keys of that slot apply, and release deletes
-    assert [fence(cluster_client, KEYS, "42", token) for _ in range(2)] == [1, 2]
+    first, second = (fence(cluster_client, KEYS, "42", token) for _ in range(2))
+    assert 0 < first < second
     with guarded(cluster_client, KEYS, "42", token) as pipe:
         pipe.set("{fenced}:result:42", "done")
         pipe.incr("{fenced}:finished")
@@ -75,5 +76,7 @@ def test_a_redis_asyncio_cluster_client(cluster_client: redis.RedisCluster) -> N
         finally:
             await client.aclose()
 
-    assert asyncio.run(holder()) == (1, True)
+    number, released = asyncio.run(holder())
+    assert number > 0
+    assert released
     assert cluster_client.get("{fenced}:result:42") == b"done"
