@@ -5,8 +5,9 @@ but a job paused right after its last check (a GIL hold, SIGSTOP) writes once
 it resumes. Two cures, for two kinds of store:
 
 - :func:`fence` hands the holder a number that strictly increases across the
-  successive holders of one job; a store that refuses a number smaller than
-  one it has seen refuses every stale holder.
+  successive holders of one job id, a job removed and added again included; a
+  store that refuses a number smaller than one it has seen refuses every
+  stale holder.
 - :func:`guarded` applies writes to the same Redis only while the lock holds
   the caller's token, atomically: no number needed.
 

@@ -24,9 +24,12 @@
     than one a microsecond (then last + 1 ran ahead of the clock by the
     excess). Two calls can see the same microsecond (TIME has that
     resolution; Valkey freezes it for a whole script), but between the old
-    job's last fence and the new one's first the server ran at least a
-    removal, an add and a take of the lock, measured at 1 us or more for even
-    the smallest script call on Valkey 8.1 and Redis 6.2.
+    job's last fence and the new one's first the server runs at least a
+    removal, an add and a take of the lock. Measured on Valkey 8.1 and Redis
+    6.2: 20,000 fences of one job sent back to back ended below the clock
+    read right after them, and fence, removal, add, take and fence sent in
+    one round trip 5,000 times gave a first number at least 6 us above the
+    last.
   - What it rests on is the server's clock not going back. A clock stepped
     back by d (an operator, NTP stepping instead of slewing, a failover to a
     replica whose clock is d behind) can give a job re-added less than d
@@ -34,9 +37,15 @@
     one hash nothing changes: last + 1 still holds. A failover that lost the
     job's last writes is covered by the clock as long as the clocks agree.
 
-  A key holding a non-number in ARGV[2] is an error, not a restart at the clock.
-  The numbers stay below 2^53 (exact in Lua's doubles and in JavaScript) until
-  the year 2255.
+  Not a counter key per queue: it cannot always share the lock's hash slot
+  (on a cluster this script asks only that KEYS[1] and KEYS[2] share one,
+  which a hash tag in the job id gives while the queue has none), it is one
+  more key in the queue, and BullMQ's obliterate deletes it and the count
+  starts again.
+
+  A field ARGV[2] that holds no decimal number below 2^53 is an error, not a
+  restart at the clock. The numbers stay below 2^53 (exact in Lua's doubles
+  and in JavaScript) until the year 2255.
 
   Returns the number; 0 when the lock is gone, -1 when it holds anything else
   (another token, a key of another type), -2 when the job's hash is gone,
