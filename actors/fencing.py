@@ -269,10 +269,12 @@ def _data_command(args: tuple[Any, ...]) -> str | bytes:
     between words and none around them.
     """
     name = args[0] if args else None
+    # Plain copies: what is sent must be what was checked, whatever a subclass
+    # answers later or a buffer holds by then.
     if isinstance(name, str):
+        name = str.__str__(name)
         raw = name.encode("utf-8", "replace")
     elif isinstance(name, (bytes, bytearray, memoryview)):
-        # A copy: a buffer changed after the call must not change the command.
         name = raw = bytes(name)
     else:
         raise TypeError(f"a command name is a str or bytes, got {type(name).__name__}")

@@ -473,6 +473,27 @@ def test_a_name_in_a_buffer_changed_after_the_call_changes_nothing(
     assert pipe.results == [b"OK", 1]  # a bytes name gets redis-py's raw reply
 
 
+class Shifty(str):
+    """A name that reads as SET when checked and as DISCARD when redis-py sends it."""
+
+    calls = 0
+
+    def encode(self, *args: Any, **kwargs: Any) -> bytes:
+        Shifty.calls += 1
+        return b"SET" if Shifty.calls == 1 else b"DISCARD"
+
+
+def test_a_name_that_answers_differently_later_is_sent_as_checked(
+    redis_client: redis.Redis,
+) -> None:
+    token = hold(redis_client)
+    with guarded(redis_client, KEYS, "42", token) as pipe:
+        pipe.execute_command(Shifty("SET"), "k", "v")
+        pipe.incr("n")
+    assert redis_client.get("k") == b"v"
+    assert pipe.results == [True, 1]
+
+
 @pytest.mark.parametrize("name", ["set", "SET", b"SET", b"set", memoryview(b"Set")], ids=repr)
 def test_data_commands_in_any_case_str_or_bytes_are_kept(
     redis_client: redis.Redis, name: Any
