@@ -226,6 +226,7 @@ class Writes(DataAccessCommands):
     def __init__(self) -> None:
         self._commands: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
         self._results: list[Any] | None = None
+        self._refused: TypeError | None = None
 
     @property
     def results(self) -> list[Any] | None:
@@ -239,8 +240,14 @@ class Writes(DataAccessCommands):
             TypeError: ``args[0]`` names no keyed data command, as the server
                 would read it: MULTI, EXEC, DISCARD, WATCH, RESET, SELECT,
                 CLIENT, EVAL, an unknown name, or a name with stray whitespace.
+                The block then writes nothing, even if this error is caught.
         """
-        self._commands.append(((_data_command(args), *args[1:]), options))
+        try:
+            name = _data_command(args)
+        except TypeError as exc:
+            self._refused = exc
+            raise
+        self._commands.append(((name, *args[1:]), options))
         return self
 
     def watch(self, *names: Any) -> NoReturn:
@@ -337,7 +344,9 @@ def guarded(client: SyncClient | AsyncClient, keys: QueueKeys, job_id: str, toke
 
     Raises:
         LockLost: On exit, when the lock no longer holds ``token``; nothing was written.
-        TypeError, ValueError: As :func:`fence`, at the call.
+        TypeError, ValueError: As :func:`fence`, at the call. ``TypeError`` on
+            exit too, with nothing written, when the block was refused a
+            command (see :meth:`Writes.execute_command`) and went on.
     """
     lock, job_id, token = _checked(client, keys, job_id, token)
     return Guarded(client, lock, job_id, token)
@@ -374,7 +383,15 @@ class Guarded:
         if kind is None:  # a block that raised writes nothing
             self._run()
 
+    def _refuse_if_refused(self) -> None:
+        # A caught refusal still ends the block with nothing written: whoever
+        # sent DISCARD meant none of it to apply.
+        refused = self._writes._refused
+        if refused is not None:
+            raise TypeError(f"nothing was written: the block was refused a command ({refused})")
+
     def _run(self) -> None:
+        self._refuse_if_refused()
         with self._client.pipeline(transaction=True) as pipe, self._in_slot():
             for _attempt in range(WATCH_ATTEMPTS):
                 pipe.watch(self._lock)
@@ -400,6 +417,7 @@ class Guarded:
             await self._run_async()
 
     async def _run_async(self) -> None:
+        self._refuse_if_refused()
         async with self._client.pipeline(transaction=True) as pipe:
             with self._in_slot():
                 for _attempt in range(WATCH_ATTEMPTS):
