@@ -254,17 +254,21 @@ class Writes(DataAccessCommands):
         """Refused: the block watches its lock itself.
 
         Raises:
-            TypeError: Always.
+            TypeError: Always; the block then writes nothing.
         """
-        raise TypeError("WATCH has no place in a guarded block: the block watches its lock")
+        self._refused = TypeError("WATCH has no place in a guarded block: it watches its lock")
+        raise self._refused
 
     def unwatch(self) -> NoReturn:
         """Refused: it would undo the guard.
 
         Raises:
-            TypeError: Always.
+            TypeError: Always; the block then writes nothing.
         """
-        raise TypeError("UNWATCH has no place in a guarded block: it would undo the guard")
+        self._refused = TypeError(
+            "UNWATCH has no place in a guarded block: it would undo the guard"
+        )
+        raise self._refused
 
 
 def _data_command(args: tuple[Any, ...]) -> str | bytes:
