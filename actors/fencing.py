@@ -5,8 +5,9 @@ but a job paused right after its last check (a GIL hold, SIGSTOP) writes once
 it resumes. Two cures, for two kinds of store:
 
 - :func:`fence` hands the holder a number that strictly increases across the
-  successive holders of one job; a store that refuses a number smaller than
-  one it has seen refuses every stale holder.
+  successive holders of one job id, a job removed and added again included; a
+  store that refuses a number smaller than one it has seen refuses every
+  stale holder.
 - :func:`guarded` applies writes to the same Redis only while the lock holds
   the caller's token, atomically: no number needed.
 
@@ -19,7 +20,7 @@ it resumes. Two cures, for two kinds of store:
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
 import redis
 import redis.asyncio
@@ -29,7 +30,7 @@ from redis.exceptions import ResponseError, WatchError
 from actors.connection import encoding
 from actors.keys import QueueKeys, hash_slot
 from actors.messages import EXPIRED, STOLEN, LockLost
-from actors.scripts import RAW, RELEASE_SCRIPT, script_source
+from actors.scripts import RAW, script_source
 from actors.timing import require_text
 
 if TYPE_CHECKING:
@@ -89,11 +90,17 @@ def release(
     client: AsyncClient, keys: QueueKeys, job_id: str, token: str
 ) -> Coroutine[Any, Any, bool]: ...
 def release(client: Any, keys: QueueKeys, job_id: str, token: str) -> Any:
-    """Delete ``job_id``'s lock if it still holds ``token``; return whether it did.
+    """Delete ``job_id``'s lock if it still holds ``token``; return whether this call did.
 
     A lock another worker holds now is left alone: call it when a job is given
     up without BullMQ's own move, so the job is handed on at the next stalled
-    check instead of when the TTL runs out.
+    check instead of when the TTL runs out. The delete is a guarded write (the
+    lock watched, read and deleted in MULTI/EXEC), so a client that retries
+    dropped connections never sends it twice.
+
+    ``False`` means the lock did not hold ``token`` when this call read it: it
+    had expired, another worker holds it, or it was released already (by an
+    earlier call, perhaps one whose answer was lost to a dropped connection).
 
     Example:
         >>> actors.release(client, keys, "42", token)
@@ -103,23 +110,29 @@ def release(client: Any, keys: QueueKeys, job_id: str, token: str) -> Any:
         TypeError: ``client`` or ``keys`` is of the wrong kind, or ``job_id``
             or ``token`` is not a ``str``.
         ValueError: ``job_id`` or ``token`` is empty, too long or not UTF-8.
+        redis.exceptions.ConnectionError: The connection dropped while the
+            delete was on its way: whether it ran is unknown (a later call
+            answers ``False`` if it did).
         redis.exceptions.RedisError: The server or the connection failed.
     """
-    lock, _, token = _checked(client, keys, job_id, token)
-    script = client.register_script(script_source(RELEASE_SCRIPT))
+    lock, job_id, token = _checked(client, keys, job_id, token)
+    block = Guarded(client, lock, job_id, token)
+    block._writes.delete(lock)
     if _is_async(client):
-        return _release_async(script, lock, token)
+        return _release_async(block)
     try:
-        return bool(script(keys=[lock], args=[token]) == 1)
-    except ResponseError as exc:
-        return bool(_not_a_token(exc))
+        block._run()
+    except LockLost:
+        return False
+    return True
 
 
-async def _release_async(script: Any, lock: str, token: str) -> bool:
+async def _release_async(block: Guarded) -> bool:
     try:
-        return bool(await script(keys=[lock], args=[token]) == 1)
-    except ResponseError as exc:
-        return bool(_not_a_token(exc))
+        await block._run_async()
+    except LockLost:
+        return False
+    return True
 
 
 @overload
@@ -132,9 +145,13 @@ def fence(client: Any, keys: QueueKeys, job_id: str, token: str) -> Any:
     """Return the next fencing number of ``job_id``, while its lock holds ``token``.
 
     Every number handed out is larger than any handed to an earlier holder of
-    the job's lock (and than this holder's earlier ones). It is kept in the
-    job's hash (field :data:`FENCE_FIELD`), so it goes away with the job and
-    keeps counting across its attempts; BullMQ ignores the field.
+    the job's id (and than this holder's earlier ones), the holders of a job
+    removed and added again with the same id included: a number is the larger
+    of the job's last one plus one and the server's clock in microseconds, so a
+    job added again starts above every number its id was given before (see
+    ``fence-2.lua`` for what a server clock stepped back does). It is kept in
+    the job's hash (field :data:`FENCE_FIELD`), so it goes away with the job;
+    BullMQ ignores the field.
 
     Example:
         >>> number = actors.fence(client, keys, "42", token)
@@ -143,14 +160,18 @@ def fence(client: Any, keys: QueueKeys, job_id: str, token: str) -> Any:
     Raises:
         LockLost: The lock is gone (``"expired"``) or holds something else
             (``"stolen"``); nothing was written.
-        LookupError: The lock holds ``token`` but the job's hash is gone.
+        LookupError: The lock holds ``token`` but there is no job's hash behind
+            it: the key is gone, or holds another type (the message names the
+            job, the key and its type).
         TypeError: ``client`` or ``keys`` is of the wrong kind, or ``job_id``
             or ``token`` is not a ``str``.
         ValueError: ``job_id`` or ``token`` is empty, too long or not UTF-8; or
             ``client`` is a cluster client and the lock and the job's hash
             cannot share a hash slot (name the queue with a hash tag, as
             ``QueueKeys("{myqueue}")``).
-        redis.exceptions.RedisError: The server or the connection failed.
+        redis.exceptions.RedisError: The server or the connection failed, or
+            the job's :data:`FENCE_FIELD` holds something that is no fencing
+            number.
     """
     lock, job_id, token = _checked(client, keys, job_id, token)
     job = keys.key_prefix + job_id
@@ -165,6 +186,12 @@ def fence(client: Any, keys: QueueKeys, job_id: str, token: str) -> Any:
     reply = script(keys=[lock, job], args=[token, FENCE_FIELD])
 
     def fenced(number: object) -> int:
+        if isinstance(number, list):
+            kind = number[-1].decode() if isinstance(number[-1], bytes) else str(number[-1])
+            raise LookupError(
+                f"job {job_id!r} has no hash at {job!r}: that key holds a {kind}, "
+                "and a fence is kept in the job's hash"
+            )
         if not isinstance(number, int) or number <= 0:
             if number == -2:
                 raise LookupError(
@@ -180,8 +207,15 @@ def fence(client: Any, keys: QueueKeys, job_id: str, token: str) -> Any:
 class Writes(DataAccessCommands):
     """The commands of a :func:`guarded` block, kept until it ends.
 
-    Every data command of redis-py (``set``, ``hset``, ``incr``, ``xadd``...)
-    and ``execute_command`` for any other; none runs before the block ends.
+    Every data command of redis-py (``set``, ``hset``, ``incr``, ``xadd``...),
+    and ``execute_command`` for a data command by name; none runs before the
+    block ends. A block holds keyed data commands and nothing else: a name that
+    is not one (MULTI, EXEC, DISCARD, WATCH, RESET, SELECT, CLIENT, a script, a
+    name with stray whitespace...), in any spelling, str or bytes, is refused
+    at the call. The block has no way to end its transaction: there is no
+    ``multi``, ``execute``, ``reset`` or connection here.
+
+    Once the block applied them, :attr:`results` holds their replies.
     """
 
     #: What redis-py's command protocols declare: a buffer dispatches no events,
@@ -190,42 +224,109 @@ class Writes(DataAccessCommands):
     _is_async_client: Literal[False] = False
 
     def __init__(self) -> None:
-        self.commands: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+        self._commands: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+        self._results: list[Any] | None = None
+        self._refused: TypeError | None = None
+
+    @property
+    def results(self) -> list[Any] | None:
+        """The replies of the block's commands, in order, once applied; ``None`` before."""
+        return self._results
 
     def execute_command(self, *args: Any, **options: Any) -> Writes:
         """Keep one command for the transaction; return the buffer, for chained calls.
 
         Raises:
-            TypeError: A command that would end the transaction or change the
-                connection (MULTI, EXEC, WATCH, SELECT, CLIENT...).
+            TypeError: ``args[0]`` names no keyed data command, as the server
+                would read it: MULTI, EXEC, DISCARD, WATCH, RESET, SELECT,
+                CLIENT, EVAL, an unknown name, or a name with stray whitespace.
+                The block then writes nothing, even if this error is caught.
         """
-        name = args[0].upper() if args and isinstance(args[0], str) else args[:1]
-        if name in _NOT_IN_A_BLOCK:
-            raise TypeError(f"{name} has no place in a guarded block: it would undo the guard")
-        self.commands.append((args, options))
+        try:
+            name = _data_command(args)
+        except TypeError as exc:
+            self._refused = exc
+            raise
+        self._commands.append(((name, *args[1:]), options))
         return self
 
+    def watch(self, *names: Any) -> NoReturn:
+        """Refused: the block watches its lock itself.
 
-#: Commands that would end the watched transaction early or change its connection.
-_NOT_IN_A_BLOCK = frozenset(
-    {
-        "MULTI",
-        "EXEC",
-        "DISCARD",
-        "WATCH",
-        "UNWATCH",
-        "SELECT",
-        "RESET",
-        "CLIENT",
-        "AUTH",
-        "HELLO",
-        "QUIT",
-        "SWAPDB",
-        "MONITOR",
-        "SUBSCRIBE",
-        "PSUBSCRIBE",
-        "SSUBSCRIBE",
-    }
+        Raises:
+            TypeError: Always; the block then writes nothing.
+        """
+        self._refused = TypeError("WATCH has no place in a guarded block: it watches its lock")
+        raise self._refused
+
+    def unwatch(self) -> NoReturn:
+        """Refused: it would undo the guard.
+
+        Raises:
+            TypeError: Always; the block then writes nothing.
+        """
+        self._refused = TypeError(
+            "UNWATCH has no place in a guarded block: it would undo the guard"
+        )
+        raise self._refused
+
+
+def _data_command(args: tuple[Any, ...]) -> str | bytes:
+    """Return the command name ``args[0]``, fixed, if the server would read a data command in it.
+
+    redis-py sends a ``str`` name split on whitespace (``"XINFO STREAM"`` is two
+    words) and a bytes one as it is (split too when it holds a space): the
+    name is checked in the one form where all of these agree, a single space
+    between words and none around them.
+    """
+    name = args[0] if args else None
+    # Plain copies: what is sent must be what was checked, whatever a subclass
+    # answers later or a buffer holds by then.
+    if isinstance(name, str):
+        name = str.__str__(name)
+        raw = name.encode("utf-8", "replace")
+    elif isinstance(name, (bytes, bytearray, memoryview)):
+        name = raw = bytes(name)
+    else:
+        raise TypeError(f"a command name is a str or bytes, got {type(name).__name__}")
+    words = raw.split()
+    if not words or b" ".join(words) != raw or words[0].upper() not in _DATA_COMMANDS:
+        raise TypeError(
+            f"{name!r} has no place in a guarded block: it takes keyed data commands only, "
+            "spelled without stray whitespace, nothing that could end its transaction"
+        )
+    return name
+
+
+#: The commands a guarded block takes: those that read or write keys (the
+#: server's COMMAND table: Valkey 8.1, Redis 6.2) and those redis-py's data
+#: methods send. Not in it: transactions, connection state, scripts, pub/sub,
+#: administration, and commands that name no key.
+_DATA_COMMANDS = frozenset(
+    (
+        b"APPEND ARCOUNT ARDEL ARDELRANGE ARGET ARGETRANGE ARGREP ARINFO ARINSERT ARLASTITEMS "
+        b"ARLEN ARMGET ARMSET ARNEXT AROP ARRING ARSCAN ARSEEK ARSET BITCOUNT BITFIELD "
+        b"BITFIELD_RO BITOP BITPOS BITRANGEINTARRAY BLMOVE BLMOVEM BLMPOP BLPOP BRPOP "
+        b"BRPOPLPUSH BZMOVE BZMPOP BZPOPMAX BZPOPMIN COPY DECR DECRBY DEL DELEX DIGEST DUMP "
+        b"EXISTS EXPIRE EXPIREAT EXPIRETIME GEOADD GEODIST GEOHASH GEOPOS GEORADIUS "
+        b"GEORADIUSBYMEMBER GEORADIUSBYMEMBER_RO GEORADIUS_RO GEOSEARCH GEOSEARCHSTORE GET "
+        b"GETBIT GETDEL GETEX GETRANGE GETSET HDEL HEXISTS HEXPIRE HEXPIREAT HEXPIRETIME HGET "
+        b"HGETALL HGETDEL HGETEX HINCRBY HINCRBYFLOAT HKEYS HLEN HMGET HMSET HPERSIST HPEXPIRE "
+        b"HPEXPIREAT HPEXPIRETIME HPTTL HRANDFIELD HSCAN HSET HSETEX HSETNX HSTRLEN HTTL HVALS "
+        b"INCR INCRBY INCRBYFLOAT INCREX LCS LINDEX LINSERT LLEN LMOVE LMOVEM LMPOP LPOP LPOS "
+        b"LPUSH LPUSHX LRANGE LREM LSET LTRIM MGET MOVE MSET MSETEX MSETNX PERSIST PEXPIRE "
+        b"PEXPIREAT PEXPIRETIME PFADD PFCOUNT PFMERGE PSETEX PTTL RENAME RENAMENX RESTORE RPOP "
+        b"RPOPLPUSH RPUSH RPUSHX SADD SADDEX SCARD SDIFF SDIFFCARD SDIFFSTORE SET SETBIT SETEX "
+        b"SETNX SETRANGE SEXPIRE SEXPIREAT SEXPIRETIME SINTER SINTERCARD SINTERSTORE SISMEMBER "
+        b"SMEMBERS SMISMEMBER SMOVE SORT SORT_RO SPERSIST SPEXPIRE SPEXPIREAT SPEXPIRETIME SPOP "
+        b"SPTTL SRANDMEMBER SREM SSCAN STRALGO STRLEN STTL SUBSTR SUNION SUNIONCARD SUNIONSTORE "
+        b"TOUCH TTL TYPE UNLINK XACK XACKDEL XADD XAUTOCLAIM XCFGSET XCLAIM XDEL XDELEX XGROUP "
+        b"XINFO XLEN XNACK XPENDING XRANGE XREAD XREADGROUP XREVRANGE XSETID XTRIM ZADD ZCARD "
+        b"ZCOUNT ZDIFF ZDIFFSTORE ZINCRBY ZINTER ZINTERCARD ZINTERSTORE ZLEXCOUNT ZMOVE "
+        b"ZMOVEMEMBER ZMPOP ZMSCORE ZPOPMAX ZPOPMIN ZRANDMEMBER ZRANGE ZRANGEBYLEX "
+        b"ZRANGEBYSCORE ZRANGESTORE ZRANK ZREM ZREMRANGEBYLEX ZREMRANGEBYRANK ZREMRANGEBYSCORE "
+        b"ZREVRANGE ZREVRANGEBYLEX ZREVRANGEBYSCORE ZREVRANK ZSCAN ZSCORE ZUNION ZUNIONSTORE"
+    ).split()
 )
 
 
@@ -234,16 +335,22 @@ def guarded(client: SyncClient | AsyncClient, keys: QueueKeys, job_id: str, toke
 
     On exit the lock is WATCHed, read and compared, and the block's commands run
     in MULTI/EXEC: if the lock changed hands in between, EXEC runs nothing.
+    The ``as`` target is a :class:`Writes`: its :attr:`Writes.results` (as the
+    block's :attr:`Guarded.results`) holds the replies once applied.
 
     Example:
         >>> with actors.guarded(client, keys, "42", token) as pipe:
         ...     pipe.hset("results", "42", result)
+        >>> pipe.results
+        [1]
         >>> async with actors.guarded(async_client, keys, "42", token) as pipe:
         ...     pipe.incr("done")
 
     Raises:
         LockLost: On exit, when the lock no longer holds ``token``; nothing was written.
-        TypeError, ValueError: As :func:`fence`, at the call.
+        TypeError, ValueError: As :func:`fence`, at the call. ``TypeError`` on
+            exit too, with nothing written, when the block was refused a
+            command (see :meth:`Writes.execute_command`) and went on.
     """
     lock, job_id, token = _checked(client, keys, job_id, token)
     return Guarded(client, lock, job_id, token)
@@ -259,8 +366,11 @@ class Guarded:
         self._token = token
         self._writes = Writes()
         self._entered = False
-        #: The replies of the block's commands, in order, once they were applied.
-        self.results: list[Any] | None = None
+
+    @property
+    def results(self) -> list[Any] | None:
+        """The replies of the block's commands, in order, once applied; ``None`` before."""
+        return self._writes.results
 
     def __enter__(self) -> Writes:
         if _is_async(self._client):
@@ -274,24 +384,31 @@ class Guarded:
         return self._writes
 
     def __exit__(self, kind: object, *_: object) -> None:
-        if kind is not None:
-            return  # the block raised: nothing is written
-        with self._client.pipeline(transaction=True) as pipe, self._in_slot():
-            self._apply(pipe)
+        if kind is None:  # a block that raised writes nothing
+            self._run()
 
-    def _apply(self, pipe: Any) -> None:
-        for _attempt in range(WATCH_ATTEMPTS):
-            pipe.watch(self._lock)
-            try:
-                held = pipe.execute_command("GET", self._lock, **RAW)
-            except ResponseError as exc:
-                held = _not_a_token(exc)
-            self._queue(pipe, held)
-            try:
-                self.results = pipe.execute()
-                return
-            except WatchError as exc:
-                _again(exc)
+    def _refuse_if_refused(self) -> None:
+        # A caught refusal still ends the block with nothing written: whoever
+        # sent DISCARD meant none of it to apply.
+        refused = self._writes._refused
+        if refused is not None:
+            raise TypeError(f"nothing was written: the block was refused a command ({refused})")
+
+    def _run(self) -> None:
+        self._refuse_if_refused()
+        with self._client.pipeline(transaction=True) as pipe, self._in_slot():
+            for _attempt in range(WATCH_ATTEMPTS):
+                pipe.watch(self._lock)
+                try:
+                    held = pipe.execute_command("GET", self._lock, **RAW)
+                except ResponseError as exc:
+                    held = _not_a_token(exc)
+                self._queue(pipe, held)
+                try:
+                    self._writes._results = pipe.execute()
+                    return
+                except WatchError as exc:
+                    _again(exc)
         raise WatchError(f"the lock {self._lock!r} kept changing; nothing was written")
 
     async def __aenter__(self) -> Writes:
@@ -300,25 +417,25 @@ class Guarded:
         return self._enter()
 
     async def __aexit__(self, kind: object, *_: object) -> None:
-        if kind is not None:
-            return
+        if kind is None:
+            await self._run_async()
+
+    async def _run_async(self) -> None:
+        self._refuse_if_refused()
         async with self._client.pipeline(transaction=True) as pipe:
             with self._in_slot():
-                await self._apply_async(pipe)
-
-    async def _apply_async(self, pipe: Any) -> None:
-        for _attempt in range(WATCH_ATTEMPTS):
-            await pipe.watch(self._lock)
-            try:
-                held = await pipe.execute_command("GET", self._lock, **RAW)
-            except ResponseError as exc:
-                held = _not_a_token(exc)
-            self._queue(pipe, held)
-            try:
-                self.results = await pipe.execute()
-                return
-            except WatchError as exc:
-                _again(exc)
+                for _attempt in range(WATCH_ATTEMPTS):
+                    await pipe.watch(self._lock)
+                    try:
+                        held = await pipe.execute_command("GET", self._lock, **RAW)
+                    except ResponseError as exc:
+                        held = _not_a_token(exc)
+                    self._queue(pipe, held)
+                    try:
+                        self._writes._results = await pipe.execute()
+                        return
+                    except WatchError as exc:
+                        _again(exc)
         raise WatchError(f"the lock {self._lock!r} kept changing; nothing was written")
 
     def _queue(self, pipe: Any, held: object) -> None:
@@ -327,7 +444,7 @@ class Guarded:
             reason: Reason = EXPIRED if held is None else STOLEN
             raise LockLost(self._job_id, self._token, reason, "seen by a guarded write")
         pipe.multi()
-        for args, options in self._writes.commands:
+        for args, options in self._writes._commands:
             pipe.execute_command(*args, **options)
 
     @contextlib.contextmanager

@@ -27,7 +27,8 @@ def test_every_helper_works_on_a_hash_tagged_queue(cluster_client: redis.RedisCl
     # given a job of a queue whose keys share one slot
     token = hold(cluster_client)
     # then fences count, guarded writes to keys of that slot apply, and release deletes
-    assert [fence(cluster_client, KEYS, "42", token) for _ in range(2)] == [1, 2]
+    first, second = (fence(cluster_client, KEYS, "42", token) for _ in range(2))
+    assert 0 < first < second
     with guarded(cluster_client, KEYS, "42", token) as pipe:
         pipe.set("{fenced}:result:42", "done")
         pipe.incr("{fenced}:finished")
@@ -75,5 +76,64 @@ def test_a_redis_asyncio_cluster_client(cluster_client: redis.RedisCluster) -> N
         finally:
             await client.aclose()
 
-    assert asyncio.run(holder()) == (1, True)
+    number, released = asyncio.run(holder())
+    assert number > 0
+    assert released
     assert cluster_client.get("{fenced}:result:42") == b"done"
+
+
+@pytest.mark.parametrize("command", [b"DISCARD", "DISCARD ", "exec", memoryview(b"RESET"), "EVAL"])
+def test_a_cluster_block_refuses_what_would_undo_its_guard(
+    cluster_client: redis.RedisCluster, command: object
+) -> None:
+    token = hold(cluster_client)
+    with (
+        pytest.raises(TypeError, match="guarded block"),
+        guarded(cluster_client, KEYS, "42", token) as pipe,
+    ):
+        pipe.set("{fenced}:before", 1)
+        pipe.execute_command(command)
+    assert not cluster_client.exists("{fenced}:before")
+    # and what a block writes is read back through its as-target
+    with guarded(cluster_client, KEYS, "42", token) as pipe:
+        pipe.incr("{fenced}:finished")
+    assert pipe.results == [1]
+
+
+def test_a_job_id_added_again_on_a_cluster_fences_above_its_old_job(
+    cluster_client: redis.RedisCluster,
+) -> None:
+    # given a job fenced, then removed with its lock and added again with the same id
+    first = hold(cluster_client)
+    old = fence(cluster_client, KEYS, "42", first)
+    cluster_client.delete(KEYS.lock("42"))
+    cluster_client.delete(KEYS.key_prefix + "42")
+    second = hold(cluster_client)
+    # then the new holder's number is larger, and the old holder gets none
+    assert fence(cluster_client, KEYS, "42", second) > old
+    with pytest.raises(LockLost, match="stolen"):
+        fence(cluster_client, KEYS, "42", first)
+
+
+def test_a_redis_asyncio_cluster_block_refuses_bytes_discard(
+    cluster_client: redis.RedisCluster,
+) -> None:
+    token = hold(cluster_client)
+    node = cluster_client.get_default_node()  # type: ignore[no-untyped-call]
+    url = f"redis://{node.host}:{node.port}"
+
+    async def holder() -> list[object] | None:
+        client = redis.asyncio.RedisCluster.from_url(url)
+        try:
+            with pytest.raises(TypeError, match="guarded block"):
+                async with guarded(client, KEYS, "42", token) as pipe:
+                    pipe.set("{fenced}:stale", 1)
+                    pipe.execute_command(b"DISCARD")
+            async with guarded(client, KEYS, "42", token) as pipe:
+                pipe.set("{fenced}:result:42", "done")
+            return pipe.results
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(holder()) == [True]
+    assert not cluster_client.exists("{fenced}:stale")

@@ -12,7 +12,7 @@ The proxy forwards bytes both ways and can be switched at run time to:
   closing with ``SO_LINGER`` 0) as soon as it is seen or sends a command.
 
 Apart from the modes, :meth:`FaultProxy.drop_reply_to` arms a one-shot cut: the
-next chunk a client sends that holds a given command reaches the server, and
+next chunk a client sends that holds one of the given commands reaches the server, and
 the connection is closed as the server's reply comes back, so the client sees
 a dropped connection for a command the server ran.
 
@@ -151,7 +151,7 @@ class FaultProxy:
         self._links: set[_Link] = set()
         self._links_lock = threading.Lock()
         self._closed = False
-        self._cut: bytes | None = None
+        self._cut: tuple[bytes, ...] = ()
         #: How many connections :meth:`drop_reply_to` cut.
         self.cuts = 0
         self.accepted = 0
@@ -209,16 +209,15 @@ class FaultProxy:
         """Reset every connection, and each new one as soon as it arrives."""
         self.mode = "reset"
 
-    def drop_reply_to(self, command: str) -> None:
-        """Cut the connection that next sends ``command``, once the server ran it.
+    def drop_reply_to(self, *commands: str) -> None:
+        """Cut the connection that next sends any of ``commands``, once the server ran it.
 
         The chunk holding the command (as RESP sends it, ``$4\\r\\nEXEC\\r\\n``
         for ``"EXEC"``) is forwarded; the server's answer is not, and both
-        sides are closed. One cut per call.
+        sides are closed. One cut per call, on whichever command comes first.
         """
-        encoded = command.encode()
         with self._changed:
-            self._cut = b"$%d\r\n%s\r\n" % (len(encoded), encoded)
+            self._cut = tuple(b"$%d\r\n%s\r\n" % (len(c), c) for c in map(str.encode, commands))
 
     @contextlib.contextmanager
     def fault(self, mode: Mode) -> Iterator[FaultProxy]:
@@ -280,9 +279,9 @@ class FaultProxy:
 
     def _take_cut(self, data: bytes) -> bool:
         with self._changed:
-            if self._cut is None or self._cut.lower() not in data.lower():
+            if not any(cut.lower() in data.lower() for cut in self._cut):
                 return False
-            self._cut = None
+            self._cut = ()
             self.cuts += 1
             return True
 

@@ -8,6 +8,7 @@ holder can and cannot do.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ from redis.retry import Retry
 
 import actors
 from actors import LockLost, QueueKeys, fence, guarded, release
-from actors.fencing import FENCE_FIELD
+from actors.fencing import _DATA_COMMANDS, FENCE_FIELD
 from tests.faults.proxy import FaultProxy
 from tests.support import command_calls, new_token
 
@@ -100,7 +101,7 @@ def test_fences_strictly_increase_across_holders_and_live_in_the_jobs_hash(
     taken.append(fence(client, KEYS, "42", third))
 
     # then every number is larger than any earlier holder's
-    assert taken == [1, 2, 3, 4]
+    assert taken == sorted(set(taken))
     # and it is one field of the job's hash: no key was added, the job's fields are untouched
     assert sorted(k.decode() if isinstance(k, bytes) else k for k in client.keys("*")) == [
         KEYS.key_prefix + "42",
@@ -110,7 +111,7 @@ def test_fences_strictly_increase_across_holders_and_live_in_the_jobs_hash(
         (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
         for k, v in client.hgetall(KEYS.key_prefix + "42").items()
     }
-    assert fields == {"name": "work", "data": "{}", FENCE_FIELD: "4"}
+    assert fields == {"name": "work", "data": "{}", FENCE_FIELD: str(taken[-1])}
 
 
 def test_a_stale_holder_gets_no_fence_and_learns_why(client: redis.Redis) -> None:
@@ -159,7 +160,7 @@ def test_a_fence_needs_the_jobs_hash(client: redis.Redis) -> None:
 @pytest.mark.parametrize("job_id", ["é-ß-任务-🚀", "x" * 2000, "with space", "{tag}"])
 def test_odd_ids_and_tokens_fence_their_own_job(client: redis.Redis, job_id: str) -> None:
     token = hold(client, job_id)
-    assert fence(client, KEYS, job_id, token) == 1
+    assert fence(client, KEYS, job_id, token) > 0
     assert release(client, KEYS, job_id, token)
 
 
@@ -366,7 +367,7 @@ def test_every_helper_on_a_redis_asyncio_client(redis_client: redis.Redis, serve
             await client.aclose()
 
     fences, results, released = asyncio.run(holder())
-    assert fences == [1, 2]
+    assert 0 < fences[0] < fences[1]
     assert results == [True]
     assert redis_client.get("result:42") == b"done"
     assert released
@@ -390,17 +391,177 @@ def test_a_guarded_block_is_entered_once(redis_client: redis.Redis) -> None:
     assert redis_client.get("x") == b"1"
 
 
-@pytest.mark.parametrize("command", ["EXEC", "MULTI", "DISCARD", "UNWATCH", "select", "CLIENT"])
-def test_commands_that_would_undo_the_guard_are_refused(
-    redis_client: redis.Redis, command: str
+#: Names that would end the block's transaction, change its connection, or
+#: are no data command, in the spellings a caller might try.
+UNDOING = [
+    "EXEC", "MULTI", "DISCARD", "WATCH", "UNWATCH", "RESET", "QUIT", "select", "CLIENT",
+    "client reply", "HELLO", "AUTH", "MONITOR", "SUBSCRIBE", "SWAPDB", "FLUSHALL", "KEYS",
+    "EVAL", "FCALL", "PUBLISH", "CONFIG SET", "SCRIPT",
+    "discard", "Discard", "DISCARD ", " DISCARD", "discard\t", "DISCARD\n", "\tMULTI  ",
+    "DISCARD\u00a0", "SET\tk", "GET  k", "", "   ", "DISCARD\x00",
+    b"DISCARD", b"discard", b"DISCARD ", b" DISCARD", b"DISCARD\t", b"EXEC", b"RESET",
+    bytearray(b"DISCARD"), memoryview(b"DISCARD"), memoryview(b"exec"), b"",
+    42, None, 4.5, ("DISCARD",),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", UNDOING, ids=repr)
+def test_commands_that_would_undo_the_guard_are_refused_at_the_call(
+    redis_client: redis.Redis, command: Any
 ) -> None:
+    # given a holder whose block refuses a command
     token = hold(redis_client)
-    refused = pytest.raises(TypeError, match="no place in a guarded block")
+    refused = pytest.raises(TypeError, match=r"guarded block|command name")
     with refused, guarded(redis_client, KEYS, "42", token) as pipe:
         pipe.set("e1", 1)
-        pipe.execute_command(command, 1)
+        pipe.execute_command(command, "x")
         pipe.set("e2", 2)
-    assert not redis_client.exists("e1", "e2")
+    # then it raised at the call, and nothing was written
+    assert not redis_client.exists("e1", "e2", "x")
+
+
+@pytest.mark.parametrize("command", [b"DISCARD", "DISCARD ", memoryview(b"RESET")], ids=repr)
+def test_a_block_refused_a_command_writes_nothing_though_the_refusal_was_caught(
+    redis_client: redis.Redis, command: Any
+) -> None:
+    # given a holder that swallows the refusal and writes on, while another
+    # worker takes the job before the block ends
+    stale = hold(redis_client)
+    refused = pytest.raises(TypeError, match="nothing was written")
+    with refused, guarded(redis_client, KEYS, "42", stale) as pipe:
+        with contextlib.suppress(TypeError):
+            pipe.execute_command(command)
+        pipe.set("after", "stale")
+        take_over(redis_client)
+    # then nothing was written, and the block said why on exit
+    assert not redis_client.exists("after")
+    # and a holder that keeps the lock writes nothing either
+    token = take_over(redis_client)
+    block = guarded(redis_client, KEYS, "42", token)
+    with pytest.raises(TypeError, match="nothing was written"), block as pipe:
+        with contextlib.suppress(TypeError):
+            pipe.execute_command(command)
+        pipe.set("after", "kept")
+    assert not redis_client.exists("after")
+    assert block.results is None
+
+
+def test_the_block_has_no_door_to_its_transaction(redis_client: redis.Redis) -> None:
+    token = hold(redis_client)
+    with pytest.raises(TypeError), guarded(redis_client, KEYS, "42", token) as pipe:
+        for door in (
+            "multi", "execute", "reset", "discard", "immediate_execute_command",
+            "pipeline_execute_command", "connection", "connection_pool", "transaction",
+            "pipeline", "client", "_client", "send_command",
+        ):  # fmt: skip
+            assert not hasattr(pipe, door), door
+        pipe.set("before", 1)
+        with pytest.raises(TypeError, match="WATCH"):
+            pipe.watch(KEYS.lock("42"))
+        pipe.unwatch()
+    assert not redis_client.exists("before")
+
+
+def test_a_name_in_a_buffer_changed_after_the_call_changes_nothing(
+    redis_client: redis.Redis,
+) -> None:
+    token = hold(redis_client)
+    name = bytearray(b"SET")
+    with guarded(redis_client, KEYS, "42", token) as pipe:
+        pipe.execute_command(name, "k", "v")
+        name[:] = b"DISCARD"
+        pipe.incr("n")
+    assert redis_client.get("k") == b"v"
+    assert pipe.results == [b"OK", 1]  # a bytes name gets redis-py's raw reply
+
+
+class Shifty(str):
+    """A name that reads as SET when checked and as DISCARD when redis-py sends it."""
+
+    calls = 0
+
+    def encode(self, *args: Any, **kwargs: Any) -> bytes:
+        Shifty.calls += 1
+        return b"SET" if Shifty.calls == 1 else b"DISCARD"
+
+
+def test_a_name_that_answers_differently_later_is_sent_as_checked(
+    redis_client: redis.Redis,
+) -> None:
+    token = hold(redis_client)
+    with guarded(redis_client, KEYS, "42", token) as pipe:
+        pipe.execute_command(Shifty("SET"), "k", "v")
+        pipe.incr("n")
+    assert redis_client.get("k") == b"v"
+    assert pipe.results == [True, 1]
+
+
+@pytest.mark.parametrize("name", ["set", "SET", b"SET", b"set", memoryview(b"Set")], ids=repr)
+def test_data_commands_in_any_case_str_or_bytes_are_kept(
+    redis_client: redis.Redis, name: Any
+) -> None:
+    token = hold(redis_client)
+    with guarded(redis_client, KEYS, "42", token) as pipe:
+        pipe.execute_command(name, "k", "v")
+        pipe.xadd("stream", {"f": "v"})
+        pipe.xinfo_stream("stream")  # "XINFO STREAM": a name of two words
+    assert redis_client.get("k") == b"v"
+    assert pipe.results is not None
+    assert pipe.results[2]["length"] == 1
+
+
+def test_the_data_commands_are_what_the_server_calls_keyed_data_commands(
+    redis_client: redis.Redis,
+) -> None:
+    # every name a block takes that this server knows reads or writes keys, and
+    # is no transaction, connection, script, pub/sub or administration command
+    table = redis_client.command()
+    outside = {"@admin", "@connection", "@transaction", "@pubsub", "@scripting"}
+    known = {name.upper().encode(): info for name, info in table.items()}
+    for name in _DATA_COMMANDS & set(known):
+        info = known[name]
+        categories = {c.decode() if isinstance(c, bytes) else c for c in info["acl_categories"]}
+        assert not categories & outside, (name, categories)
+        keyed = info["first_key_pos"] > 0 or "movablekeys" in info["flags"]
+        assert keyed or info.get("subcommands"), name
+    for name in (b"MULTI", b"EXEC", b"DISCARD", b"WATCH", b"UNWATCH", b"RESET", b"SELECT"):
+        assert name in known
+        assert name not in _DATA_COMMANDS
+
+
+def test_a_blocks_results_are_on_its_as_target(client: redis.Redis) -> None:
+    # given a block whose replies the caller reads through the name it wrote with
+    token = hold(client)
+    with guarded(client, KEYS, "42", token) as pipe:
+        pipe.set("result:42", "done")
+        pipe.incr("finished")
+        inside = pipe.results
+    # then they are there once it ended, as on the block itself
+    assert inside is None
+    assert pipe.results == [True, 1]
+    # and a stale block has none
+    stale = guarded(client, KEYS, "42", new_token())
+    with pytest.raises(LockLost), stale as refused:
+        refused.set("result:42", "stale")
+    assert refused.results is None
+    assert stale.results is None
+
+
+def test_an_async_blocks_results_are_on_its_as_target(
+    redis_client: redis.Redis, server: Server
+) -> None:
+    token = hold(redis_client)
+
+    async def holder() -> list[Any] | None:
+        client = redis.asyncio.Redis.from_url(server.url)
+        try:
+            async with guarded(client, KEYS, "42", token) as pipe:
+                pipe.incr("finished")
+            return pipe.results
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(holder()) == [1]
 
 
 def test_release_of_a_lock_key_of_another_type_leaves_it(redis_client: redis.Redis) -> None:
@@ -423,4 +584,123 @@ def test_a_server_that_refuses_the_read_is_an_error_not_a_loss(
     finally:
         user.close()
         redis_client.execute_command("ACL", "DELUSER", "noget")  # type: ignore[no-untyped-call]
-    assert fence(redis_client, KEYS, "42", token) == 1
+    assert redis_client.hget(KEYS.key_prefix + "42", FENCE_FIELD) is None
+    assert fence(redis_client, KEYS, "42", token) > 0
+
+
+@pytest.mark.parametrize(
+    ("make", "kind"),
+    [
+        (lambda c, k: c.set(k, "not a job"), "string"),
+        (lambda c, k: c.rpush(k, "x"), "list"),
+        (lambda c, k: c.sadd(k, "x"), "set"),
+    ],
+    ids=["string", "list", "set"],
+)
+def test_a_job_key_of_another_type_is_named_in_the_error(
+    client: redis.Redis, make: Any, kind: str
+) -> None:
+    # given a held lock whose job key is no hash
+    token = hold(client, job=False)
+    make(client, KEYS.key_prefix + "42")
+    # then the fence says which job, which key and what it holds, and changes nothing
+    with pytest.raises(LookupError, match=rf"job '42' has no hash at 'emq:fences:42'.*a {kind}"):
+        fence(client, KEYS, "42", token)
+    assert client.type(KEYS.key_prefix + "42") in {kind, kind.encode()}
+
+
+def test_a_fence_field_that_holds_no_number_is_an_error_naming_it(
+    redis_client: redis.Redis,
+) -> None:
+    token = hold(redis_client)
+    redis_client.hset(KEYS.key_prefix + "42", FENCE_FIELD, "twelve")
+    with pytest.raises(redis.ResponseError, match="emq:fence of emq:fences:42 holds 'twelve'"):
+        fence(redis_client, KEYS, "42", token)
+    assert redis_client.hget(KEYS.key_prefix + "42", FENCE_FIELD) == b"twelve"
+
+
+def test_fences_keep_counting_from_a_number_of_an_earlier_version(
+    redis_client: redis.Redis,
+) -> None:
+    # given a job whose hash has a small number, as earlier versions counted from 1
+    token = hold(redis_client)
+    redis_client.hset(KEYS.key_prefix + "42", FENCE_FIELD, "7")
+    # then the next is larger; and a number near the limit still counts up by one
+    assert fence(redis_client, KEYS, "42", token) > 7
+    redis_client.hset(KEYS.key_prefix + "42", FENCE_FIELD, str(2**53 - 3))
+    assert fence(redis_client, KEYS, "42", token) == 2**53 - 2
+
+
+def test_a_release_whose_answer_is_lost_never_says_false_for_its_own_delete(
+    redis_client: redis.Redis, server: Server
+) -> None:
+    # Given a holder whose client retries a dropped connection, through a proxy
+    # that lets the release's delete reach the server and then drops the connection
+    token = hold(redis_client)
+    with FaultProxy.to(server.url) as proxy:
+        client = redis.Redis.from_url(proxy.url, retry=Retry(NoBackoff(), 3))
+        assert client.ping()
+        # what a release sends to delete: a script call, or a transaction's EXEC
+        proxy.drop_reply_to("EVALSHA", "EVAL", "EXEC")
+
+        # When it releases, then it learns the outcome is unknown, never "not deleted"
+        with pytest.raises(redis.ConnectionError):
+            release(client, KEYS, "42", token)
+        # And a second call, whose answer arrives, says the lock no longer holds the token
+        assert release(client, KEYS, "42", token) is False
+        client.close()
+
+    # And the lock was deleted once, by the first call
+    assert proxy.cuts == 1
+    assert not redis_client.exists(KEYS.lock("42"))
+
+
+def test_an_async_release_whose_answer_is_lost_raises(
+    redis_client: redis.Redis, server: Server
+) -> None:
+    token = hold(redis_client)
+
+    async def holder(url: str) -> None:
+        client = redis.asyncio.Redis.from_url(url, retry=AsyncRetry(NoBackoff(), 3))
+        try:
+            assert await client.ping()
+            proxy.drop_reply_to("EVALSHA", "EVAL", "EXEC")
+            with pytest.raises(redis.ConnectionError):
+                await release(client, KEYS, "42", token)
+        finally:
+            await client.aclose()
+
+    with FaultProxy.to(server.url) as proxy:
+        asyncio.run(holder(proxy.url))
+
+    assert proxy.cuts == 1
+    assert not redis_client.exists(KEYS.lock("42"))
+
+
+def test_release_retries_past_renewals_and_deletes(
+    redis_client: redis.Redis, server: Server
+) -> None:
+    # given a lock renewed with its own token every millisecond
+    token = hold(redis_client)
+    stop = threading.Event()
+    renewing = threading.Event()
+
+    def renew() -> None:
+        renewer = server.client()
+        while not stop.is_set():
+            if not renewer.set(KEYS.lock("42"), token, px=TTL_MS, xx=True):
+                break
+            renewing.set()
+            time.sleep(0.001)
+        renewer.close()
+
+    thread = threading.Thread(target=renew, daemon=True)
+    thread.start()
+    try:
+        assert renewing.wait(10)
+        # then its holder's release still deletes it, and says so
+        assert release(redis_client, KEYS, "42", token) is True
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not redis_client.exists(KEYS.lock("42"))

@@ -74,8 +74,8 @@ class Peer(Protocol):
     #: ``"bullmq-py 3.4.4"``, ``"bullmq (Node.js) 6.7.0"``.
     label: str
 
-    def add(self, count: int) -> list[str]:
-        """Add ``count`` jobs with BullMQ's ``Queue.add``; return their ids."""
+    def add(self, count: int, *, job_id: str | None = None) -> list[str]:
+        """Add ``count`` jobs with ``Queue.add`` (id ``job_id``, if given); return their ids."""
         ...
 
     def fetch(self, count: int) -> list[Held]:
@@ -146,9 +146,12 @@ class PythonPeer:
         if self._stalled is not None:
             self._stalled.append(str(job_id))
 
-    def add(self, count: int) -> list[str]:
+    def add(self, count: int, *, job_id: str | None = None) -> list[str]:
+        options = {} if job_id is None else {"jobId": job_id}
+
         async def add() -> list[str]:
-            return [str((await self._queue.add("interop", {"n": n})).id) for n in range(count)]
+            added = [await self._queue.add("interop", {"n": n}, options) for n in range(count)]
+            return [str(job.id) for job in added]
 
         ids: list[str] = self._run(add())
         return ids
@@ -337,8 +340,9 @@ class NodePeer:
                     )
                 self._output.changed.wait(remaining)
 
-    def add(self, count: int) -> list[str]:
-        return [str(job_id) for job_id in self.request("add", count=count)["ids"]]
+    def add(self, count: int, *, job_id: str | None = None) -> list[str]:
+        ids = self.request("add", count=count, jobId=job_id)["ids"]
+        return [str(added) for added in ids]
 
     def fetch(self, count: int) -> list[Held]:
         jobs = self.request("fetch", count=count)["jobs"]

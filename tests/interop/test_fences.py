@@ -10,7 +10,9 @@ larger than every earlier holder's while a stale holder is refused.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -18,6 +20,7 @@ from bullmq import Job, Queue
 
 from actors import LockLost, fence, get_stats, track_job, untrack_job
 from actors.fencing import FENCE_FIELD
+from tests.fencing.test_fence_numbers import TABLE, WRITE
 from tests.interop.peers import (
     HOLD_S,
     LOCK_MS,
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
 
     from actors import ManagerRef, QueueKeys
     from tests.conftest import Server
-    from tests.interop.peers import NodePeer, PythonPeer
+    from tests.interop.peers import NodePeer, Peer, PythonPeer
 
 pytestmark = pytest.mark.both_engines
 
@@ -48,6 +51,9 @@ FENCES = 3
 
 #: Times BullMQ's own lock manager must renew each lock while fences are taken.
 RENEWALS = 2
+
+#: A job id of the user's own, as BullMQ users give for deduplication.
+CUSTOM_ID = "report-7"
 
 
 # -- what bullmq-py does and reads, on a Queue of its own ----------------------------
@@ -141,6 +147,11 @@ def fields(client: redis.Redis, keys: QueueKeys, job_id: str) -> dict[str, str]:
     return {text(name): text(value) for name, value in raw.items()}
 
 
+def rising(numbers: list[int]) -> bool:
+    """Whether ``numbers`` strictly increase."""
+    return all(a < b for a, b in pairwise(numbers))
+
+
 def refusal(client: redis.Redis, keys: QueueKeys, held: Held) -> LockLost:
     """The ``LockLost`` a holder's ``fence()`` raises; fail if it hands out a number."""
     with pytest.raises(LockLost) as raised:
@@ -172,11 +183,11 @@ def test_fenced_jobs_add_no_key_and_complete_read_and_go_as_any_other(
     # when the holder of one of them takes fences in a row
     taken = [fence(engine_client, keys, fenced.id, fenced.token) for _ in range(FENCES)]
 
-    # then they count up from one, and they are one field of that job's hash
-    # alone: no key was added, no other field or job changed
-    assert taken == list(range(1, FENCES + 1))
+    # then they rise, and they are one field of that job's hash alone: no key
+    # was added, no other field or job changed
+    assert rising(taken)
     assert queue_keys(engine_client, keys) == keys_before
-    assert fields(engine_client, keys, fenced.id) == {**fenced_before, FENCE_FIELD: str(FENCES)}
+    assert fields(engine_client, keys, fenced.id) == {**fenced_before, FENCE_FIELD: str(taken[-1])}
     assert fields(engine_client, keys, plain.id) == plain_before
     assert python_peer.states(ids) == dict.fromkeys(ids, "active")
 
@@ -188,9 +199,9 @@ def test_fenced_jobs_add_no_key_and_complete_read_and_go_as_any_other(
         taken.append(fence(engine_client, keys, fenced.id, fenced.token))
         check_once(python_peer, engine_client, keys, checks)
 
-    # then the numbers went on counting up, and the fenced job kept its lock as
+    # then the numbers went on rising, and the fenced job kept its lock as
     # the plain one did: never reported stalled, never lost, still active
-    assert taken == list(range(1, len(taken) + 1))
+    assert rising(taken)
     assert checks.ran_after(fenced_at + LOCK_MS / 1000) >= 2, checks
     assert checks.stalled == []
     assert get_stats(manager).lost == 0
@@ -255,11 +266,11 @@ def test_the_fence_keeps_counting_across_holders_and_refuses_the_stale_one(
     later = fence(engine_client, keys, job_id, second.token)
 
     # then the new holder's number is larger than every one the first holder got
-    assert earlier == list(range(1, FENCES + 1))
+    assert rising(earlier)
     assert later > max(earlier)
     # and the first holder is refused: the lock holds another token; no number was spent
     assert refusal(engine_client, keys, first).reason == "stolen"
-    assert fence(engine_client, keys, job_id, second.token) == later + 1
+    assert fence(engine_client, keys, job_id, second.token) > later
     assert engine_client.get(keys.lock(job_id)) == second.token.encode()
 
     # when the new holder completes it, as a worker with removeOnComplete does
@@ -322,10 +333,10 @@ def test_a_running_nodejs_worker_keeps_jobs_we_fence_and_its_successor_fences_hi
         interval=RENEW_MS / 1000 / 2,
     )
 
-    # then the numbers counted up by one, and the worker was not disturbed: it
-    # still holds both jobs under its tokens, and nothing stalled or failed
+    # then the numbers rose, and the worker was not disturbed: it still holds
+    # both jobs under its tokens, and nothing stalled or failed
     for job in theirs:
-        assert taken[job.id] == list(range(1, len(taken[job.id]) + 1)), job
+        assert rising(taken[job.id]), job
         assert engine_client.get(keys.lock(job.id)) == job.token.encode(), job
         assert stall_count(engine_client, keys, job.id) == 0, job
     assert node_peer.events("stalled") == []
@@ -360,3 +371,48 @@ def test_a_running_nodejs_worker_keeps_jobs_we_fence_and_its_successor_fences_hi
         assert (found["state"], found["returnvalue"]) == ("completed", {"done": job.id}), found
         assert found["data"] == {"n": ids.index(job.id)}, found
         assert (found["attemptsMade"], found["stalledCounter"]) == (1, 1), found
+
+
+def test_a_job_id_removed_and_added_again_fences_above_its_old_job(
+    peer: Peer,
+    engine_server: Server,
+    engine_client: redis.Redis,
+    keys: QueueKeys,
+) -> None:
+    # given a job with the user's own id, added and taken by a BullMQ runtime,
+    # whose holder took fences and wrote to a store keyed by job id alone
+    store = sqlite3.connect(":memory:")
+    store.execute(TABLE)
+
+    def write(number: int, value: str) -> bool:
+        with store:
+            changed = store.execute(WRITE, {"job_id": CUSTOM_ID, "fence": number, "value": value})
+        return changed.rowcount == 1
+
+    assert peer.add(1, job_id=CUSTOM_ID) == [CUSTOM_ID]
+    (first,) = peer.fetch(1)
+    old = [fence(engine_client, keys, CUSTOM_ID, first.token) for _ in range(FENCES)]
+    assert write(old[-1], "first")
+
+    # when bullmq-py completes it as a worker with removeOnComplete does, and the
+    # same id is added again and taken by a new holder
+    complete(engine_server, keys, first, {"done": 1}, remove=True)
+    assert keys_of(engine_client, keys, [CUSTOM_ID]) == set()
+    assert peer.add(1, job_id=CUSTOM_ID) == [CUSTOM_ID]
+    (second,) = peer.fetch(1)
+    assert (second.id, second.token != first.token) == (CUSTOM_ID, True)
+    new = fence(engine_client, keys, CUSTOM_ID, second.token)
+
+    # then the new job's first number is above every number of the old one, so
+    # the store takes the new holder's write and refuses the old holder's
+    assert rising([*old, new])
+    assert write(new, "second")
+    assert not write(old[-1], "stale first")
+    assert store.execute("SELECT fence, value FROM results").fetchall() == [(new, "second")]
+    # and the old holder gets no new number
+    assert refusal(engine_client, keys, first).reason == "stolen"
+
+    # when the new job is completed and removed too, nothing of either is left
+    complete(engine_server, keys, second, {"done": 2}, remove=True)
+    assert keys_of(engine_client, keys, [CUSTOM_ID]) == set()
+    store.close()

@@ -10,6 +10,7 @@
 //
 // Ops:
 //   add    {count}        Queue.add `count` jobs; replies {"ids": [...]}
+//                         (each with the job id `jobId`, when given)
 //   fetch  {count}        a Worker without autorun takes `count` jobs with
 //                         getNextJob(token), one BullMQ-style token each;
 //                         replies {"jobs": [{"id", "token"}]}
@@ -73,10 +74,10 @@ let tokenPostfix = 0;
 let holder = null;
 
 const ops = {
-  async add({ count }) {
+  async add({ count, jobId }) {
     const ids = [];
     for (let i = 0; i < count; i += 1) {
-      const job = await queue.add("interop", { n: i });
+      const job = await queue.add("interop", { n: i }, jobId ? { jobId } : {});
       ids.push(job.id);
     }
     return { ids };
