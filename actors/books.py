@@ -202,11 +202,21 @@ class Books:
                 if job_id not in failed and (settled or held.get(job_id) == token)
             ]
             jobs.stamp(renewed, at)
-        if jobs.valid:
-            gone = set(self.unconfirmed(answered, report, why="; ".join(filter(None, [late, why]))))
-            if gone:
-                renewed = [job_id for job_id in renewed if job_id not in gone]
-        report.renewed.extend(renewed)
+        report.renewed.extend(self.settle(renewed, answered, report, why=f"{late}; {why}"))
+
+    def settle(
+        self, renewed: list[str], answered: int, report: Report, *, why: str = ""
+    ) -> list[str]:
+        """Let go of the watched locks past their deadline; return ``renewed`` without them.
+
+        After a renewal's stamps, at ``answered``: a lock whose answer came
+        after its deadline is lost ``"unconfirmed"``, never renewed too. ``why`` is
+        added to each loss's detail.
+        """
+        if not self.jobs.valid:
+            return renewed
+        gone = set(self.unconfirmed(answered, report, why=why.strip("; ")))
+        return [job_id for job_id in renewed if job_id not in gone] if gone else renewed
 
     def renewed_whole(
         self, due: list[str], outcome: BatchOutcome | BaseException, changes: int

@@ -592,11 +592,7 @@ class ProcessLockManager(LockManager, isolation="process"):
         later = not jobs.valid
         if not later:
             jobs.stamp(renewed, at, raise_only=True)
-            gone = books.unconfirmed(now, report, why=self._why(0))
-            if gone:
-                # Let go after all (its answer came past its deadline): lost, not renewed.
-                let_go = set(gone)
-                renewed = [job_id for job_id in renewed if job_id not in let_go]
+            renewed = books.settle(renewed, now, report, why=self._why(0))
         if self._reporter.wants_renewed:
             # A copy: the callback may change its list while the stamps are set.
             report.renewed = list(renewed) if later else renewed

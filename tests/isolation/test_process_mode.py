@@ -555,3 +555,59 @@ def test_queries_are_answered_from_the_worker_while_the_child_cannot_answer(
     # And a target told of the stop is told once the manager has stopped, as in thread mode
     stop(manager)
     assert answers == ["stopped"]
+
+
+#: Another worker: once told to on its stdin, takes the lock the moment a renewal refreshed it.
+STEAL_AFTER_RENEWAL = """
+import sys, time, redis
+client = redis.Redis.from_url(sys.argv[1])
+print("ready", flush=True)
+sys.stdin.readline()
+last = client.pttl(sys.argv[2])
+while True:
+    now = client.pttl(sys.argv[2])
+    if now > last:
+        client.set(sys.argv[2], "another worker")
+        break
+    last = now
+    time.sleep(0.001)
+"""
+
+
+@pytest.mark.parametrize("run", range(3))
+def test_a_renewal_applied_past_its_deadline_is_reported_lost_not_renewed(
+    run: int, server: Server, redis_client: redis.Redis
+) -> None:
+    # Given a watched lock, renewed by the child, and another worker that takes
+    # it right after the child's next renewal
+    recorder = Recorder()
+    manager = _start(server, **recorder.callbacks())
+    tokens = take_locks(redis_client, KEYS, ["watched"], TTL)
+    thief = subprocess.Popen(
+        [sys.executable, "-c", STEAL_AFTER_RENEWAL, server.url, KEYS.lock("watched")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert thief.stdout is not None and thief.stdin is not None
+        assert thief.stdout.readline().strip() == "ready"
+        track_job(manager, "watched", tokens["watched"], notify=Inbox())
+        recorder.wait_renewed(["watched"], SOON_S)
+        thief.stdin.write("go\n")
+        thief.stdin.flush()
+        # When a GIL hold in the worker spans that renewal and its deadline
+        # (the child renews on, and its words wait in the pipe)
+        _hold_gil(1.5 * TTL / 1000)
+        after = time.monotonic()
+        thief.wait(SOON_S)
+        wait_for(recorder.lost, SOON_S, "the loss")
+        # Then the worker reports the lock lost, and no renewal of it after the hold
+        assert [(item.job_id, item.reason) for item in recorder.lost()][:1] in (
+            [("watched", "unconfirmed")],
+            [("watched", "stolen")],
+        )
+        assert recorder.renewed(since=after)["watched"] == 0
+    finally:
+        thief.kill()
+        stop(manager)

@@ -228,6 +228,24 @@ def test_a_watched_lock_answered_after_its_deadline_is_lost_unconfirmed() -> Non
     assert "a" not in books.jobs
 
 
+def test_a_renewal_applied_after_its_own_deadline_is_lost_and_never_renewed_too() -> None:
+    # A process-mode worker applies a child's tick late (a GIL hold in the
+    # worker): the renewal sent at AT was confirmed, but its deadline passed.
+    books = tracked("b")
+    target = Inbox()
+    watch(books, "a", target)
+    books.jobs.stamp(["a", "b"], AT, raise_only=True)
+    report = Report()
+
+    renewed = books.settle(["a", "b"], AT + LOCK - MARGIN, report, why="a pause")
+
+    assert renewed == ["b"]
+    assert [(lost.job_id, lost.reason) for lost in report.lost] == [("a", UNCONFIRMED)]
+    assert report.lost[0].detail.endswith("a pause")
+    assert [note for _, note in told(report)] == [LockLost("a", "t-a", UNCONFIRMED)]
+    assert "a" not in books.jobs and "b" in books.jobs
+
+
 def test_a_renewal_that_raised_after_a_watched_deadline_lets_that_lock_go_unconfirmed() -> None:
     # The failed call took its time: the deadline passed while it was out, and
     # nobody confirmed the lock. Decided with the failure, before its callbacks.
