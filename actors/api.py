@@ -94,10 +94,11 @@ def start_link(
             ``connection`` must then be a URL or a ``redis.Redis``, and
             ``renewer``, ``clock`` and ``timer`` are refused.
 
-    Callbacks and the targets' ``tell`` run one at a time on the manager's
-    delivery thread, never its own, so a callback may query, untrack and
-    wait, or stop the manager; a slow one delays the others, never a
-    renewal. Whatever they raise is logged and changes nothing.
+    Callbacks run one at a time on the manager's delivery thread, and the
+    targets' ``tell`` at once on threads of their own, never the manager's,
+    so either may query, untrack and wait, or stop the manager; a slow
+    callback delays the later callbacks, never a renewal nor a target.
+    Whatever they raise is logged and changes nothing.
 
     Raises:
         TypeError: An argument has the wrong type.

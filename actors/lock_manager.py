@@ -13,8 +13,9 @@ messages, which its :class:`~actors.ref.ManagerRef` checks in their thread.
 The round trip runs on a renewal thread of the manager's, so a slow or dead
 server never holds up a message or a watched lock's deadline; its answer
 comes back as a message. Each step decides first (:class:`~actors.books.Books`),
-re-arms the timer, and only then reports, on the delivery thread (see
-:mod:`actors.report`): no user code runs on the manager's thread.
+re-arms the timer, and only then reports, on the delivery and teller threads
+(see :mod:`actors.report`): no user code runs on the manager's thread, and
+its log lines are written on its record thread.
 """
 
 from __future__ import annotations

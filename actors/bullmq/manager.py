@@ -111,7 +111,7 @@ class ActorLockManager:
         self.manager: ManagerRef | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: concurrent.futures.ThreadPoolExecutor | None = None
-        #: Each run's signal, by ``(job_id, token)``: the delivery thread marks it lost at once.
+        #: Each run's signal, by ``(job_id, token)``: a teller thread marks it lost at once.
         self._signals: dict[tuple[str, str], LockSignal] = {}
         #: How long the manager trusts a lock after a confirmed send, in ms (once started).
         self._span = 0
@@ -327,7 +327,7 @@ class ActorLockManager:
     def tell(self, message: object) -> None:
         """Hear of a lost lock from the manager, as every job's ``notify`` target.
 
-        On the manager's delivery thread: the run's signal reads aborted at
+        On a thread the manager tells targets on: the run's signal reads aborted at
         once; the loop then aborts it for its waiters and emits the events.
         """
         if isinstance(message, LockLost):

@@ -110,7 +110,7 @@ class LockSignal(AbortSignal):  # type: ignore[misc]
 
     bullmq's own signal is an ``asyncio.Event``, set on the loop only, so it
     reads ``False`` behind a processor that blocks the loop. This one also
-    keeps the loss in a plain attribute the manager's delivery thread writes,
+    keeps the loss in a plain attribute the manager's teller thread writes,
     and reads the run's deadline itself (:class:`Trust`): a processor whose
     process was paused past it (SIGSTOP, a GIL hold) reads ``True`` at its
     first look, before the manager could say so. Waiters of :meth:`wait`
