@@ -32,9 +32,10 @@ LOCK_MS = 1000
 RUNS = range(int(os.environ.get("FAULT_RUNS", "1")))
 
 
+@pytest.mark.parametrize("run", RUNS)
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_broken_telemetry_or_logging_costs_no_lock(
-    kind: str, private_server: EmbeddedServer, record: FaultRecord
+    run: int, kind: str, private_server: EmbeddedServer, record: FaultRecord
 ) -> None:
     # Given a worker process with the broken part installed, holding a watched
     # and a plain lock, and a third that another worker steals at 0.5 s
