@@ -107,10 +107,15 @@ Renewing = tuple[ManagerRef, dict[str, str]]
 
 @pytest.fixture
 def renewing(redis_client: redis.Redis) -> Renewing:
-    """A manager renewing job ``"a"``'s short lock: what each test checks goes on."""
-    tokens = take_locks(redis_client, KEYS, ["a"], TTL)
+    """A manager renewing job ``"a"``'s short lock: what each test checks goes on.
+
+    Taken for ten TTLs, so that a loaded machine's slow start costs no lock;
+    the first renewal, waited for, sets it to one TTL.
+    """
+    tokens = take_locks(redis_client, KEYS, ["a"], 10 * TTL)
     manager = start_short(redis_client, KEYS)
     track_job(manager, "a", tokens["a"])
+    wait_for(lambda: get_stats(manager).renewed >= 1, 10 * TTL / 1000, "the first renewal")
     return manager, tokens
 
 
