@@ -41,15 +41,15 @@ def test_broken_telemetry_or_logging_costs_no_lock(
     # and a plain lock, and a third that another worker steals at 0.5 s
     record.fault = KINDS[kind]
     record.asserted = "every healthy lock held for 3 TTLs; only the stolen one reported"
-    run = subprocess.run(
+    child = subprocess.run(
         [sys.executable, "-m", "tests.faults.plugged_in", kind, private_server.url],
         capture_output=True,
         text=True,
         timeout=OUTLIVE_S + 60,
         check=False,
     )
-    assert run.returncode == 0, run.stderr[-3000:]
-    seen: dict[str, Any] = json.loads(run.stdout.splitlines()[-1])
+    assert child.returncode == 0, child.stderr[-3000:]
+    seen: dict[str, Any] = json.loads(child.stdout.splitlines()[-1])
     record.locks_lost = sum(not held for job_id, held in seen["held"].items() if job_id != "stolen")
     record.false_reports = len([job_id for job_id, _ in seen["lost"] if job_id != "stolen"])
     record.notes = {"renewed": seen["renewed"], "records_dropped": seen["records_dropped"]}
