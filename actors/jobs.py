@@ -5,6 +5,8 @@ Pure bookkeeping: no I/O, no threads.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import OrderedDict
 from itertools import compress
 from typing import TYPE_CHECKING, Final, NamedTuple
@@ -138,28 +140,34 @@ class Validity:
 
 
 class Deadlines:
-    """The watched locks' :class:`Validity`, by job id, and the earliest of their deadlines."""
+    """The watched locks' :class:`Validity`, by job id, and the earliest of their deadlines.
 
-    __slots__ = ("earliest", "new", "valid")
+    The earliest is kept with a heap whose entries go stale (a lock unwatched,
+    a deadline moved) and are dropped once they reach its top: a burst of
+    untracks costs a pop each, not a pass over the others each.
+    """
+
+    __slots__ = ("_heap", "_order", "earliest", "new", "valid")
 
     def __init__(self, validity: Callable[[str, int, int], Validity] | None = None) -> None:
         #: The watched locks' validity, by job id.
         self.valid: dict[str, Validity] = {}
-        #: No watched lock's deadline is earlier than this (ms), or ``None``:
-        #: never later than the truth, sometimes earlier (a lock untracked since).
+        #: The earliest deadline of a watched lock (ms), or ``None``.
         self.earliest: int | None = None
         self.new = validity or (lambda _job_id, confirmed, span: Validity(confirmed, span))
+        self._heap: list[tuple[int, int, str, Validity]] = []
+        self._order = itertools.count()
 
     def watch(self, job_id: str, stamp: int, span: int) -> None:
         """Trust ``job_id``'s lock ``span`` ms past a confirmed send (from ``stamp`` if new)."""
         validity = self.valid.get(job_id)
         if validity is None:
             validity = self.valid[job_id] = self.new(job_id, stamp, span)
-        elif validity.span != span:
-            validity.span = span
-            self.earliest = min(v.deadline for v in self.valid.values())
-        if self.earliest is None or validity.deadline < self.earliest:
-            self.earliest = validity.deadline
+        elif validity.span == span:
+            return
+        validity.span = span
+        heapq.heappush(self._heap, (validity.deadline, next(self._order), job_id, validity))
+        self.earliest = self._top()
 
     def unwatch(self, job_id: str) -> None:
         """Forget the lock's validity; the earliest deadline is then that of the others."""
@@ -168,8 +176,7 @@ class Deadlines:
             return
         validity.release()
         if validity.deadline == self.earliest:
-            # A stale earliest would arm the timer for a deadline nobody has.
-            self.earliest = min((v.deadline for v in self.valid.values()), default=None)
+            self.earliest = self._top()
 
     def confirm(self, stamps: Mapping[str, int], now: int) -> list[str]:
         """Move each deadline to its lock's last confirmed renewal; return the ids past it.
@@ -178,18 +185,34 @@ class Deadlines:
         renewal of it was just confirmed: a job that looked then was told it may be lost.
         """
         overdue: list[str] = []
-        earliest: int | None = None
+        heap: list[tuple[int, int, str, Validity]] = []
+        order = self._order
         for job_id, validity in self.valid.items():
             if validity.deadline <= now:
                 overdue.append(job_id)
                 continue
             stamp = stamps[job_id]
             validity.confirmed = max(validity.confirmed, stamp)
-            deadline = validity.deadline
-            if earliest is None or deadline < earliest:
-                earliest = deadline
-        self.earliest = earliest
+            heap.append((validity.deadline, next(order), job_id, validity))
+        heapq.heapify(heap)
+        self._heap = heap
+        self.earliest = heap[0][0] if heap else None
         return overdue
+
+    def _top(self) -> int | None:
+        """The earliest deadline, once the heap's stale entries on top are dropped."""
+        heap, valid = self._heap, self.valid
+        while heap:
+            deadline, _, job_id, validity = heap[0]
+            if valid.get(job_id) is not validity:
+                heapq.heappop(heap)
+            elif validity.deadline != deadline:
+                # Moved since (a confirmation read elsewhere): in again, at its deadline now.
+                entry = (validity.deadline, next(self._order), job_id, validity)
+                heapq.heapreplace(heap, entry)
+            else:
+                return deadline
+        return None
 
 
 class Due(NamedTuple):

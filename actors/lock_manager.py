@@ -39,7 +39,7 @@ from actors.messages import MANAGER_STOPPED, BatchOutcome, ChunkError, LockLost
 from actors.ref import ManagerRef, ManagerStopped
 from actors.report import Reporter
 from actors.scripts import DEFAULT_MAX_BATCH, RedisRenewer
-from actors.telemetry import Log, tick_span
+from actors.telemetry import Log, span_facts, tick_span
 from actors.timer import Alarm, ThreadTimer
 from actors.timing import (
     DEFAULT_LOCK_DURATION,
@@ -252,6 +252,8 @@ class Flight:
     release: list[tuple[str, str]]
     #: Asked ticks to answer once the renewal's report was delivered.
     replies: list[pykka.Future[Any]] = field(default_factory=list)
+    #: The numbers of the tells this tick made before its renewal: awaited by the replies too.
+    told: range = range(0)
 
 
 class Renewals(threading.Thread):
@@ -330,17 +332,9 @@ class Renewals(threading.Thread):
         if flight.due:
             # Its span is written after the fact: a span processor never holds up a renewal.
             margin = self._lock_duration - (answered - flight.oldest)
-            self._records.put(
-                tick_span,
-                self._queue_name,
-                len(flight.due),
-                started,
-                time.time_ns(),
-                outcome,
-                calls,
-                float(flight.late_ms),
-                float(margin),
-            )
+            facts = span_facts(outcome, calls, float(flight.late_ms), float(margin))
+            ended = time.time_ns()
+            self._records.put(tick_span, self._queue_name, len(flight.due), started, ended, facts)
         return outcome, answered
 
     def _release(self, locks: list[tuple[str, str]]) -> int | BaseException:
@@ -541,6 +535,19 @@ class LockManager(pykka.ThreadingActor):
             return timing.lock_duration - self.safety_margin
         return timing.lock_duration - check_safety_margin(safety_margin, timing)
 
+    def flush(self, timeout: float) -> bool:
+        """Return once every target told so far was told and every record so far written.
+
+        Thread-safe; for tests and diagnostics: an asked tick answers once its
+        own report is delivered and its targets told, and its log lines follow.
+        ``False`` after ``timeout`` seconds (a target or a log handler that blocks).
+        """
+        return self._reporter.flush(timeout)
+
+    def runs_user_code(self, thread: threading.Thread) -> bool:
+        """Whether ``thread`` runs user code for this manager (callbacks, targets, records)."""
+        return self._reporter.owns(thread)
+
     def fencing(self) -> tuple[Client, QueueKeys]:
         """Return the client and keys a lease takes its fence with (thread-safe).
 
@@ -578,7 +585,6 @@ class LockManager(pykka.ThreadingActor):
     def on_stop(self) -> None:
         """Tell every watcher that nobody renews its lock now; end the threads, close the client."""
         self._shutdown()
-        logger.debug("LockManager for queue %r stopped", self.queue_name)
 
     def on_failure(self, *_exc_info: object) -> None:
         """Likewise if the actor dies: nobody renews those locks now."""
@@ -592,11 +598,13 @@ class LockManager(pykka.ThreadingActor):
         asks = self._refuse_the_rest(report)
         self._reporter.send(report)
         self._reporter.meters.close()
+        self._close_parts()
+        logger.debug("LockManager for queue %r stopped", self.queue_name)
+        # Last: its end writes what the manager logged, the stop's own lines included.
         self.delivery.end()
         error = ManagerStopped(f"LockManager for queue {self.queue_name!r} is stopped")
         for reply in asks:
             reply.set_exception((ManagerStopped, error, None))
-        self._close_parts()
 
     def _close_parts(self) -> None:
         flight, self._flight = self._flight, None
@@ -770,11 +778,12 @@ class LockManager(pykka.ThreadingActor):
         if not (due or orphans):
             self._reporter.send(report, replies)
             return
+        told = range(0)
         if report:
             # What this tick decided is told now, not once the renewal lands.
-            self._reporter.send(report)
+            told = self._reporter.send(report)
         oldest = at if oldest is None else oldest
-        flight = Flight(due, tokens, at, oldest, jobs.changes, late, orphans, replies)
+        flight = Flight(due, tokens, at, oldest, jobs.changes, late, orphans, replies, told)
         self._flight = flight
         self._renewals.send(flight, -(-len(due) // self._max_batch))
 
@@ -824,7 +833,7 @@ class LockManager(pykka.ThreadingActor):
             )
         self._renewed(report, len(flight.due), flight, landed)
         self._arm()
-        self._reporter.send(report, flight.replies)
+        self._reporter.send(report, flight.replies, flight.told)
         if whole:
             # In slices, yielding between them: the delivery and the asker it
             # wakes need not wait for all of them.

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import queue
 import sys
 import threading
 import time
@@ -67,29 +68,63 @@ class Answer(pykka.ThreadingFuture[T]):
         self._settled()
 
     def add_done_callback(self, callback: Callable[[Answer[T]], object]) -> None:
-        """Call ``callback(self)`` once the answer is set: at once if it is already.
+        """Call ``callback(self)`` once the answer is set.
 
-        It runs on the thread that sets the answer (the manager's, mostly):
-        keep it short. What it raises is logged.
+        It runs on the process's one thread for answers' callbacks, never a
+        manager's: a slow one delays the callbacks after it, nothing else.
+        What it raises is logged.
         """
         with self._callbacks_lock:
             if self._callbacks is not None:
                 self._callbacks.append(callback)
                 return
-        _call_back(callback, self)
+        _CALLBACKS.put(callback, self)
 
     def _settled(self) -> None:
         with self._callbacks_lock:
             callbacks, self._callbacks = self._callbacks or [], None
         for callback in callbacks:
-            _call_back(callback, self)
+            _CALLBACKS.put(callback, self)
 
 
-def _call_back(callback: Callable[[Answer[T]], object], answer: Answer[T]) -> None:
-    try:
-        callback(answer)
-    except Exception:
-        logger.warning("a callback of a LockManager's answer raised", exc_info=True)
+class _Callbacks:
+    """The thread answers' callbacks run on, started at the first one (a daemon)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[[Any], object], Any]]
+        self._lock: threading.Lock
+        self._thread: threading.Thread | None
+        self.reset()
+
+    def reset(self) -> None:
+        """Start anew, with no thread (in a fork's child: the parent's thread is not there)."""
+        self._queue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread = None
+
+    def put(self, callback: Callable[[Any], object], answer: Any) -> None:
+        """Run ``callback(answer)`` on the thread."""
+        self._queue.put((callback, answer))
+        if self._thread is None or not self._thread.is_alive():
+            with self._lock:
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(
+                        target=self._run, name="LockManager-answers", daemon=True
+                    )
+                    self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            callback, answer = self._queue.get()
+            try:
+                callback(answer)
+            except BaseException:
+                logger.warning("a callback of a LockManager's answer raised", exc_info=True)
+
+
+_CALLBACKS = _Callbacks()
+# A fork has none of the thread: it starts anew, at the first callback there.
+os.register_at_fork(after_in_child=_CALLBACKS.reset)
 
 
 # -- what a manager lets in ------------------------------------------------------
@@ -180,7 +215,15 @@ class _Manager(Protocol):
 
     @property
     def delivery(self) -> threading.Thread:
-        """The thread its user code runs on."""
+        """The thread its callbacks run on."""
+        ...
+
+    def runs_user_code(self, thread: threading.Thread) -> bool:
+        """Whether ``thread`` runs user code for it (callbacks, targets, log handlers)."""
+        ...
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every target told so far was told and every record written."""
         ...
 
     def trusted_for(self, safety_margin: int | None = None) -> int:
@@ -275,7 +318,7 @@ class ManagerRef(pykka.ActorRef[Any]):
                 f"a LockManager cannot wait for its own answer to a {type(message).__name__} "
                 "on its own thread; tell it instead"
             )
-        own = threading.current_thread() is self._manager.delivery
+        own = self._manager.runs_user_code(threading.current_thread())
         future: Answer[Any] = Answer(undelivered=own)
         try:
             # Answered, failed by the manager's last pass over its mailbox, or

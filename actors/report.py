@@ -12,6 +12,7 @@ callback or target delays no target's warning but its own.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -25,7 +26,7 @@ from actors.telemetry import Log, Meters, RecordThread
 from actors.timing import resolution_ms
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
     from actors.books import Report
     from actors.keys import QueueKeys
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     from actors.timing import Timing
 
 __all__ = [
-    "MAX_TELLERS",
     "STOP_WAIT_S",
     "Counters",
     "DeliveryThread",
@@ -44,8 +44,8 @@ __all__ = [
 
 logger = Log("actors.lock_manager")
 
-#: Most threads telling targets at once: a target whose ``tell`` blocks holds one.
-MAX_TELLERS: Final = 32
+#: Threads telling targets past which a WARNING says that targets' ``tell`` hold them up.
+WARN_TELLERS: Final = 64
 #: Most seconds a stopping manager waits for its last tells and records.
 STOP_WAIT_S: Final = 1.0
 
@@ -180,7 +180,7 @@ class Counters:
 
 
 class _Done:
-    """Sets a step's replies once each part of its report is delivered, told or written."""
+    """Sets a step's replies once each part of its report is delivered or told."""
 
     __slots__ = ("_left", "_lock", "_replies")
 
@@ -203,11 +203,7 @@ def _nothing() -> None:
 
 
 class DeliveryThread(threading.Thread):
-    """The thread a manager calls its callbacks on, one report after another.
-
-    Once a report is delivered, its records written after it are awaited (by
-    the record thread) before the replies waiting for it are set.
-    """
+    """The thread a manager calls its callbacks on, one report after another."""
 
     def __init__(
         self, name: str, deliver: Callable[[Report], None], ending: Callable[[], None]
@@ -232,115 +228,190 @@ class DeliveryThread(threading.Thread):
             report, then = item
             try:
                 self._deliver(report)
+            except BaseException:
+                pass  # each callback's failure is logged by itself: the next report goes on
             finally:
                 then()
         self._ending()
 
 
+#: What a teller is handed: one target, the messages of one report for it, and their numbers.
+_Group = tuple["Notify", list["LockLost"], range]
+
+
 class _Teller(threading.Thread):
-    """A thread of :class:`Tellers`: user code runs on it (a target's ``tell``)."""
+    """A thread of :class:`Tellers`: it tells one target at a time (user code runs on it)."""
+
+    def __init__(self, tellers: Tellers, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        #: The pool it belongs to.
+        self.tellers = tellers
+        self.groups: queue.SimpleQueue[_Group | None] = queue.SimpleQueue()
+
+    def run(self) -> None:
+        """Tell each group handed over, then offer itself again; until handed ``None``."""
+        while (group := self.groups.get()) is not None:
+            target, messages, numbers = group
+            try:
+                _tell(self.tellers.queue_name, target, messages)
+            finally:
+                self.tellers.told(self, numbers)
 
 
-class Tellers:
-    """Tells the targets of lost locks, each on a thread of the pool: none waits for another.
+class Tellers(threading.Thread):
+    """Tells the targets of lost locks, each target of a report on a thread of the pool.
 
-    A thread is started when every one is busy, up to :data:`MAX_TELLERS`: a
-    target whose ``tell`` blocks (against :class:`~actors.Notify`'s rule)
-    holds up only itself, as long as fewer than that many block at once.
+    The manager hands each report's tells to this thread in one put. It
+    gives each target's messages to an idle teller, starting one when none is
+    idle: a teller whose target's ``tell`` blocks (against
+    :class:`~actors.Notify`'s rule) is never idle again, so it holds up only
+    that target. Past :data:`WARN_TELLERS` threads, a WARNING says so, once.
     """
 
     def __init__(self, queue_name: str, records: RecordThread) -> None:
-        self._queue_name = queue_name
+        super().__init__(name=f"LockManager-tellers-{queue_name}", daemon=True)
+        self.queue_name = queue_name
         self._records = records
-        self._items: queue.SimpleQueue[tuple[Notify, LockLost, int] | None]
-        self._items = queue.SimpleQueue()
+        records.attach(self)
+        self._inbox: queue.SimpleQueue[list[_Group] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._threads: list[_Teller] = []
-        #: Items put and not taken yet; threads waiting for one.
-        self._waiting = 0
-        self._free = 0
-        #: The numbers of the tells not done yet (in order), the last number given,
-        #: and who waits for every tell up to a number.
-        self._pending: dict[int, None] = {}
+        self._tellers: list[_Teller] = []
+        self._idle: queue.SimpleQueue[_Teller] = queue.SimpleQueue()
+        #: The numbers of the tells not done yet, the last number given, and
+        #: who waits for which numbers.
+        self._pending: set[int] = set()
         self._last = 0
-        self._barriers: list[tuple[int, Callable[[], None]]] = []
+        self._waiting: list[tuple[set[int], Callable[[], None]]] = []
+        self._warned = False
 
-    def tell(self, tells: Sequence[tuple[Notify, LockLost]]) -> None:
-        """Tell each target its message."""
+    def tell(self, tells: Sequence[tuple[Notify, LockLost]]) -> range:
+        """Tell each target its messages (in order, one thread a target); return their numbers."""
+        groups: dict[int, tuple[Notify, list[LockLost]]] = {}
+        for target, message in tells:
+            groups.setdefault(id(target), (target, []))[1].append(message)
         with self._lock:
             first = self._last + 1
             self._last += len(tells)
-            self._pending.update(dict.fromkeys(range(first, self._last + 1)))
-            self._waiting += len(tells)
-            while self._waiting > self._free and len(self._threads) < MAX_TELLERS:
-                self._free += 1
-                name = f"LockManager-tell-{self._queue_name}-{len(self._threads)}"
-                thread = _Teller(target=self._run, name=name)
-                thread.daemon = True
-                self._records.attach(thread)
-                self._threads.append(thread)
-                thread.start()
-        for number, (target, message) in enumerate(tells, first):
-            self._items.put((target, message, number))
+            self._pending.update(range(first, self._last + 1))
+        handed: list[_Group] = []
+        number = first
+        for target, messages in groups.values():
+            handed.append((target, messages, range(number, number + len(messages))))
+            number += len(messages)
+        self._inbox.put(handed)
+        return range(first, first + len(tells))
 
-    def barrier(self, then: Callable[[], None]) -> None:
-        """Call ``then`` once every tell made so far is done (here, if they are)."""
+    def when_told(self, numbers: Iterable[int] | None, then: Callable[[], None]) -> None:
+        """Call ``then`` once the tells of ``numbers`` (``None``: all so far) are done."""
         with self._lock:
-            if self._pending and next(iter(self._pending)) <= self._last:
-                self._barriers.append((self._last, then))
+            left = set(self._pending) if numbers is None else self._pending.intersection(numbers)
+            if left:
+                self._waiting.append((left, then))
                 return
         then()
 
+    def owns(self, thread: threading.Thread) -> bool:
+        """Whether ``thread`` is this pool's (its dispatcher or a teller)."""
+        return thread is self or getattr(thread, "tellers", None) is self
+
     def end(self, deadline: float) -> None:
         """Tell what is queued, then end the threads; wait until ``deadline`` (monotonic s)."""
+        self._inbox.put(None)
+        if self.ident is None:
+            return
+        if threading.current_thread() is not self:
+            self.join(max(0.0, deadline - time.monotonic()))
         with self._lock:
-            threads = list(self._threads)
-        for _ in threads:
-            self._items.put(None)
-        for thread in threads:
-            if thread is not threading.current_thread():
-                thread.join(max(0.0, deadline - time.monotonic()))
+            tellers = list(self._tellers)
+        for teller in tellers:
+            if teller is not threading.current_thread():
+                teller.join(max(0.0, deadline - time.monotonic()))
 
-    def _run(self) -> None:
-        while (item := self._items.get()) is not None:
-            with self._lock:
-                self._free -= 1
-                self._waiting -= 1
-            target, message, number = item
-            try:
-                _tell(self._queue_name, target, message)
-            finally:
-                with self._lock:
-                    self._free += 1
-                    del self._pending[number]
-                    first = next(iter(self._pending), self._last + 1)
-                    passed = [then for upto, then in self._barriers if upto < first]
-                    if passed:
-                        self._barriers = [b for b in self._barriers if b[0] >= first]
-                for then in passed:
-                    then()
+    def run(self) -> None:
+        """Hand each group to an idle teller, starting one when none is; until :meth:`end`."""
+        while (groups := self._inbox.get()) is not None:
+            for group in groups:
+                self._teller().groups.put(group)
+        with self._lock:
+            tellers = list(self._tellers)
+        for teller in tellers:
+            teller.groups.put(None)
+
+    def told(self, teller: _Teller, numbers: range) -> None:
+        """A teller's tells of ``numbers`` are done: set who waited for them; it is idle again."""
+        ready = []
+        with self._lock:
+            self._pending.difference_update(numbers)
+            for waiting in self._waiting:
+                waiting[0].difference_update(numbers)
+            ready = [then for left, then in self._waiting if not left]
+            if ready:
+                self._waiting = [w for w in self._waiting if w[0]]
+        self._idle.put(teller)
+        for then in ready:
+            then()
+
+    def _teller(self) -> _Teller:
+        with contextlib.suppress(queue.Empty):
+            return self._idle.get_nowait()
+        with self._lock:
+            count = len(self._tellers)
+        if count >= WARN_TELLERS and not self._warned:
+            self._warned = True
+            logger.warning(
+                "LockManager for queue %r: %d threads tell targets, most of them held up in "
+                "a target's tell() (a tell must not block): each holds up its own target only",
+                self.queue_name,
+                count,
+                extra={"queue": self.queue_name},
+            )
+        teller = _Teller(self, f"LockManager-tell-{self.queue_name}-{count}")
+        self._records.attach(teller)
+        with self._lock:
+            self._tellers.append(teller)
+        teller.start()
+        return teller
 
 
-def _tell(queue_name: str, target: Notify, message: LockLost) -> None:
+class TellsInBatches:
+    """A target of this package's own that takes the messages of one report in one call."""
+
+    def tell_batch(self, messages: list[LockLost]) -> None:
+        """Take ``messages``, each a :class:`~actors.LockLost` of one report."""
+        raise NotImplementedError
+
+
+def _tell(queue_name: str, target: Notify, messages: list[LockLost]) -> None:
+    # The target's class, read without running its code: only this package's take a batch.
+    if issubclass(type(target), TellsInBatches):
+        _attempt(queue_name, target, lambda: target.tell_batch(messages), messages)  # type: ignore[attr-defined]
+        return
+    for message in messages:
+        _attempt(queue_name, target, lambda m=message: target.tell(m), [message])  # type: ignore[misc]
+
+
+def _attempt(
+    queue_name: str, target: Notify, tell: Callable[[], object], messages: list[LockLost]
+) -> None:
     try:
-        target.tell(message)
+        tell()
     except pykka.ActorDeadError:
         # The holder is gone: nobody is left to tell.
         logger.debug("LockManager for queue %r: a dead target skipped", queue_name)
     except BaseException:
         logger.warning(
-            "LockManager for queue %r: could not tell a %s that job %r lost its lock",
+            "LockManager for queue %r: could not tell a %s that job %s lost its lock",
             queue_name,
             type(target).__name__,
-            message.job_id,
+            ", ".join(repr(message.job_id) for message in messages),
             exc_info=True,
-            extra={"queue": queue_name, "job_id": message.job_id},
+            extra={"queue": queue_name},
         )
 
 
 def on_a_delivery_thread() -> bool:
-    """Whether the caller is user code of any manager (a callback, a target's ``tell``)."""
-    return isinstance(threading.current_thread(), (DeliveryThread, _Teller))
+    """Whether the caller is user code of a manager (a callback, a target, a log handler)."""
+    return isinstance(threading.current_thread(), (DeliveryThread, _Teller, RecordThread))
 
 
 class Reporter:
@@ -373,6 +444,7 @@ class Reporter:
         self._hinted = False
         #: The thread callbacks run on.
         self.thread = DeliveryThread(f"LockManager-delivery-{keys.name}", self._deliver, self._end)
+        self.records.attach(self.thread)
         #: The threads targets are told on.
         self.tellers = Tellers(keys.name, self.records)
 
@@ -465,15 +537,38 @@ class Reporter:
         )
 
     def start(self) -> None:
-        """Start the record and delivery threads (the tellers start as they are needed)."""
+        """Start the record, delivery and tellers' threads."""
         self.records.start()
         self.thread.start()
+        self.tellers.start()
 
-    def send(self, report: Report, replies: Sequence[pykka.Future[Any]] = ()) -> None:
+    def flush(self, timeout: float) -> bool:
+        """Return once every target told so far was told and every record written.
+
+        ``False`` if that took more than ``timeout`` seconds (a target or a
+        handler that blocks).
+        """
+        deadline = time.monotonic() + timeout
+        told = threading.Event()
+        self.tellers.when_told(None, told.set)
+        if not told.wait(timeout):
+            return False
+        return self.records.flush(max(0.0, deadline - time.monotonic()))
+
+    def owns(self, thread: threading.Thread) -> bool:
+        """Whether ``thread`` runs user code for this manager (callbacks, targets, records)."""
+        return thread is self.thread or thread is self.records or self.tellers.owns(thread)
+
+    def send(
+        self, report: Report, replies: Sequence[pykka.Future[Any]] = (), told: range = range(0)
+    ) -> range:
         """Count and log the report's losses; tell its targets, deliver it, then set the replies.
 
-        A reply is set once the callbacks ran, every target told so far was
-        told, and the records logged so far were written.
+        A reply is set once the callbacks ran and the report's targets were
+        told, and those of ``told`` (an earlier report of the same step).
+
+        Returns:
+            The numbers of the report's tells, for a later report's ``told``.
         """
         self._log_lost(report.lost)
         waiting = []
@@ -482,17 +577,15 @@ class Reporter:
                 reply.set(None)  # asked by user code: its own report comes after it
             else:
                 waiting.append(reply)
-        if report.tells:
-            self.tellers.tell(report.tells)
+        numbers = self.tellers.tell(report.tells) if report.tells else range(0)
         if not waiting:
             if report.renewed or report.lost or report.error is not None:
                 self.thread.put(report)
-            return
-        # Set once this report and every earlier one are delivered, told and logged.
+            return numbers
         done = _Done(2, waiting)
-        self.tellers.barrier(done)
-        records = self.records
-        self.thread.put(report, lambda: records.after(done))
+        self.tellers.when_told([*told, *numbers], done)
+        self.thread.put(report, done)
+        return numbers
 
     def _end(self) -> None:
         # On the delivery thread, after the last report: the last tells and records, bounded.

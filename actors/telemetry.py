@@ -27,7 +27,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Callable, Iterable
 
     from actors.messages import BatchOutcome
 
@@ -56,7 +56,7 @@ __all__ = [
     "Log",
     "Meters",
     "RecordThread",
-    "TickSpan",
+    "span_facts",
     "tick_span",
 ]
 
@@ -144,9 +144,11 @@ class RecordThread(threading.Thread):
             return
         self._queue.put((write, args, kwargs))
 
-    def after(self, then: Callable[[], object]) -> None:
-        """Call ``then`` here once every record put before is written (never dropped)."""
-        self._queue.put((then, (), None))
+    def flush(self, timeout: float) -> bool:
+        """Return once every record put so far is written (or dropped); ``False`` on timeout."""
+        written = threading.Event()
+        self._queue.put((written.set, (), None))
+        return written.wait(timeout)
 
     def end(self, timeout: float) -> None:
         """Write what waits, then end; wait ``timeout`` seconds at most (not from this thread)."""
@@ -166,8 +168,9 @@ class RecordThread(threading.Thread):
     def _drop(self, error: BaseException | None) -> None:
         with self._lock:
             self.dropped += 1
-            warn, self._warned = not self._warned, True
-        if warn and error is not None and threading.current_thread() is self:
+            warn = error is not None and not self._warned
+            self._warned = self._warned or warn
+        if warn and threading.current_thread() is self:
             # Once: the handler that raised may be the one this line goes to.
             with contextlib.suppress(BaseException):
                 logging.getLogger("actors.telemetry").warning(
@@ -193,88 +196,68 @@ class Log:
 
     def debug(self, msg: str, *args: Any, **kwargs: Any) -> None:
         """Log at DEBUG."""
-        self.log(logging.DEBUG, msg, *args, **kwargs)
+        self._log(logging.DEBUG, msg, args, **kwargs)
 
     def info(self, msg: str, *args: Any, **kwargs: Any) -> None:
         """Log at INFO."""
-        self.log(logging.INFO, msg, *args, **kwargs)
+        self._log(logging.INFO, msg, args, **kwargs)
 
     def warning(self, msg: str, *args: Any, **kwargs: Any) -> None:
         """Log at WARNING."""
-        self.log(logging.WARNING, msg, *args, **kwargs)
+        self._log(logging.WARNING, msg, args, **kwargs)
 
     def error(self, msg: str, *args: Any, **kwargs: Any) -> None:
         """Log at ERROR."""
-        self.log(logging.ERROR, msg, *args, **kwargs)
+        self._log(logging.ERROR, msg, args, **kwargs)
 
     def exception(self, msg: str, *args: Any, **kwargs: Any) -> None:
         """Log at ERROR with the exception being handled."""
         kwargs.setdefault("exc_info", True)
-        self.log(logging.ERROR, msg, *args, **kwargs)
+        self._log(logging.ERROR, msg, args, **kwargs)
 
     def log(self, level: int, msg: str, *args: Any, **kwargs: Any) -> None:
         """Log at ``level``: here, or on the calling thread's record thread."""
+        self._log(level, msg, args, **kwargs)
+
+    def _log(
+        self,
+        level: int,
+        msg: str,
+        args: tuple[Any, ...],
+        *,
+        exc_info: Any = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         logger = self.logger
         if not logger.isEnabledFor(level):
             return
         sink: RecordThread | None = getattr(threading.current_thread(), _SINK, None)
         if sink is None:
-            logger.log(level, msg, *args, **kwargs)
+            # Two frames up: the module that logged, as logging.Logger would name it.
+            logger.log(level, msg, *args, exc_info=exc_info, extra=extra, stacklevel=3)
             return
-        if kwargs.get("exc_info") is True:
-            # Read now: on the record thread no exception is being handled.
-            kwargs["exc_info"] = sys.exc_info()
-        sink.put(logger.log, level, msg, *args, **kwargs)
-
-
-class TickSpan:
-    """What a tick reports to its span; does nothing without OpenTelemetry."""
-
-    __slots__ = ("_span",)
-
-    def __init__(self, span: Any) -> None:
-        self._span = span
-
-    def finish(self, failed: Sequence[str], calls: int) -> None:
-        """Record the tick's outcome: the ids whose lock was lost, the script calls sent."""
-        span = self._span
-        if span is None or not span.is_recording():
-            return
-        span.set_attribute(ATTR_FAILED, len(failed))
-        span.set_attribute(ATTR_CALLS, calls)
-        if failed:
-            span.set_attribute(ATTR_FAILED_IDS, list(failed[:MAX_FAILED_IDS]))
-
-    def lateness(self, late_ms: float, margin_ms: float) -> None:
-        """Record how late the tick ran and the least time a due lock had left."""
-        span = self._span
-        if span is None or not span.is_recording():
-            return
-        span.set_attribute(ATTR_LATENESS, late_ms)
-        span.set_attribute(ATTR_MARGIN, margin_ms)
-
-    def record(
-        self, outcome: BatchOutcome | BaseException, calls: int, late_ms: float, margin_ms: float
-    ) -> None:
-        """Record a renewal's outcome (or error), the tick's lateness and least margin (ms)."""
-        if isinstance(outcome, BaseException):
-            self.error(outcome)
-        else:
-            self.finish(outcome.failed, calls)
-            if outcome.errors:
-                self.error(outcome.errors[0].error)
-        self.lateness(late_ms, margin_ms)
-
-    def error(self, exc: BaseException) -> None:
-        """Record the error that failed the tick, in whole or in part."""
-        span = self._span
-        if span is None or not span.is_recording():
-            return
-        from opentelemetry.trace import Status, StatusCode  # noqa: PLC0415 (optional: only when a span records)
-
-        span.record_exception(exc)
-        span.set_attribute(ATTR_ERROR_TYPE, type(exc).__name__)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        # Made here (the caller's module, line, thread and time); only handled there.
+        if isinstance(exc_info, BaseException):
+            exc_info = (type(exc_info), exc_info, exc_info.__traceback__)
+        elif exc_info and not isinstance(exc_info, tuple):
+            exc_info = sys.exc_info()
+        # An exception among the arguments is read as ``%s`` reads it: a waiting record
+        # keeps no traceback (nor the frames it holds) alive but its exc_info's.
+        args = tuple(str(arg) if isinstance(arg, BaseException) else arg for arg in args)
+        caller = sys._getframe(2)  # the frame logging.Logger.findCaller would find
+        code = caller.f_code
+        record = logger.makeRecord(
+            logger.name,
+            level,
+            code.co_filename,
+            caller.f_lineno,
+            msg,
+            args,
+            exc_info or None,
+            code.co_name,
+            extra,
+        )
+        sink.put(logger.handle, record)
 
 
 def _optional(make: Callable[[], T]) -> Callable[[], T | None]:
@@ -304,25 +287,50 @@ def _make_tracer() -> Any:
 _get_tracer = _optional(_make_tracer)
 
 
+def span_facts(
+    outcome: BatchOutcome | BaseException, calls: int, late_ms: float, margin_ms: float
+) -> tuple[dict[str, Any], tuple[str, str] | None]:
+    """What a tick's span says, as plain data: its attributes, and its error's type and message.
+
+    Read on the renewal thread: a span waiting for the record thread keeps no
+    exception (nor its traceback's frames) and no batch alive.
+    """
+    attributes: dict[str, Any] = {}
+    error: BaseException | None = None
+    if isinstance(outcome, BaseException):
+        error = outcome
+    else:
+        attributes[ATTR_FAILED] = len(outcome.failed)
+        attributes[ATTR_CALLS] = calls
+        if outcome.failed:
+            attributes[ATTR_FAILED_IDS] = list(outcome.failed[:MAX_FAILED_IDS])
+        if outcome.errors:
+            error = outcome.errors[0].error
+    attributes[ATTR_LATENESS] = late_ms
+    attributes[ATTR_MARGIN] = margin_ms
+    if error is None:
+        return attributes, None
+    attributes[ATTR_ERROR_TYPE] = type(error).__name__
+    return attributes, (type(error).__name__, str(error))
+
+
 def tick_span(
     queue: str,
     jobs: int,
     started_ns: int,
     ended_ns: int,
-    outcome: BatchOutcome | BaseException,
-    calls: int,
-    late_ms: float,
-    margin_ms: float,
+    facts: tuple[dict[str, Any], tuple[str, str] | None],
 ) -> None:
     """Write the span of a renewing tick of ``jobs`` due jobs, from what the tick measured.
 
     Written after the tick, on the record thread: ``started_ns`` and
-    ``ended_ns`` are the round trip's times (``time.time_ns()``), and the
-    outcome, calls, lateness and least margin (ms) are :meth:`TickSpan.record`'s.
+    ``ended_ns`` are the round trip's times (``time.time_ns()``), ``facts``
+    what :func:`span_facts` read of its outcome.
     """
     tracer = _get_tracer()
     if tracer is None:
         return
+    attributes, error = facts
     span = tracer.start_span(
         SPAN_NAME,
         attributes={ATTR_QUEUE: queue, ATTR_OPERATION: OPERATION, ATTR_JOBS: jobs},
@@ -331,7 +339,14 @@ def tick_span(
         set_status_on_exception=False,
     )
     try:
-        TickSpan(span).record(outcome, calls, late_ms, margin_ms)
+        if span.is_recording():
+            span.set_attributes(attributes)
+            if error is not None:
+                from opentelemetry.trace import Status, StatusCode  # noqa: PLC0415 (optional)
+
+                kind, message = error
+                span.add_event("exception", {"exception.type": kind, "exception.message": message})
+                span.set_status(Status(StatusCode.ERROR, f"{kind}: {message}"))
     finally:
         span.end(end_time=ended_ns)
 

@@ -26,6 +26,7 @@ from actors.bullmq.runs import (
 from actors.keys import QueueKeys
 from actors.messages import LockLost, TrackJob
 from actors.ref import ManagerStopped
+from actors.report import TellsInBatches
 from actors.scripts import DEFAULT_MAX_BATCH, lock_holds
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ __all__ = ["LOCK_LOST", "ActorLockManager"]
 logger = logging.getLogger("actors.bullmq")
 
 
-class ActorLockManager:
+class ActorLockManager(TellsInBatches):
     """bullmq-py's lock manager, renewing from a :class:`~actors.LockManager`'s threads.
 
     It has the interface the ``Worker`` uses and behaves the same, except:
@@ -325,16 +326,21 @@ class ActorLockManager:
             untrack_job(self.manager, job_id, token=token, notify=self)
 
     def tell(self, message: object) -> None:
-        """Hear of a lost lock from the manager, as every job's ``notify`` target.
-
-        On a thread the manager tells targets on: the run's signal reads aborted at
-        once; the loop then aborts it for its waiters and emits the events.
-        """
+        """Hear of a lost lock from the manager, as every job's ``notify`` target."""
         if isinstance(message, LockLost):
+            self.tell_batch([message])
+
+    def tell_batch(self, messages: list[LockLost]) -> None:
+        """Hear of the locks one report lost: their runs' signals read aborted at once.
+
+        On a thread the manager tells targets on; the loop then aborts each
+        signal for its waiters and emits the events, once for the report.
+        """
+        for message in messages:
             signal = self._signals.get((message.job_id, message.token))
             if signal is not None:
                 signal.lose(abort_reason(message.job_id, message.reason))
-            self._to_loop(self._on_lost, [(message.job_id, message.token, message.reason)])
+        self._to_loop(self._on_lost, [(m.job_id, m.token, m.reason) for m in messages])
 
     def _to_loop(self, callback: Callable[..., object], *args: object) -> None:
         loop = self._loop

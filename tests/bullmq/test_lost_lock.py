@@ -261,3 +261,35 @@ def test_a_job_whose_renewals_go_unanswered_is_aborted_before_its_lock_can_expir
     assert seen["pttl"] > 0
     assert len(a.events.of("lockRenewalFailed")) == 1
     nobody.close()
+
+
+def test_two_locks_lost_at_one_tick_are_one_event(bench: Bench) -> None:
+    # bullmq-py emits lockRenewalFailed once per failed renewal, with every id it lost
+    started: list[str] = []
+    both = threading.Event()
+
+    async def process(job: Any, token: str, signal: AbortSignal) -> str:
+        started.append(str(job.id))
+        if len(started) == 2:
+            both.set()
+        await asyncio.wait_for(signal.wait(), SETTLE_S)
+        return "aborted"
+
+    a = bench.start_worker("A", process, {"lockDuration": LOCK_MS, "concurrency": 2}, actor=True)
+    jobs = [bench.add_job(), bench.add_job()]
+    assert both.wait(SETTLE_S)
+    a.events.wait("locksRenewed", lambda e: e.args[0]["count"] == 2, SETTLE_S)
+    # When both locks are taken behind the worker's back at once
+    pipe = bench.client.pipeline()
+    for job_id in jobs:
+        pipe.set(bench.key(job_id, "lock"), "thief", px=LOCK_MS)
+    pipe.execute()
+    wait_until(
+        lambda: (
+            sorted(i for e in a.events.of("lockRenewalFailed") for i in e.args[0]) == sorted(jobs)
+        ),
+        SETTLE_S,
+        "both losses",
+    )
+    # Then bullmq-py's one event per tick, listing both (unless the steal fell between two ticks)
+    assert [sorted(e.args[0]) for e in a.events.of("lockRenewalFailed")] == [sorted(jobs)]

@@ -108,7 +108,8 @@ import time
 from actors import BatchOutcome, telemetry
 assert telemetry._get_tracer() is not None, "the otel extra leaves telemetry off"
 now = time.time_ns()
-telemetry.tick_span("wheel", 1, now, now + 1, BatchOutcome([], []), 1, 0.0, 0.0)
+facts = telemetry.span_facts(BatchOutcome([], []), 1, 0.0, 0.0)
+telemetry.tick_span("wheel", 1, now, now + 1, facts)
 """
 
 #: ``[demo]``: what the demo's live view and its timeline picture import.

@@ -115,7 +115,8 @@ def tick(
     """Run one tick of ``manager`` and return once it has finished.
 
     Finished: its renewal has landed and its report was delivered (the
-    callbacks ran, the targets were told), and so was every report before it.
+    callbacks ran, the targets were told), and so was every report before it,
+    and every record the manager logged so far was written.
 
     Args:
         manager: The manager.
@@ -124,6 +125,7 @@ def tick(
         timeout: The most seconds to wait for the tick.
     """
     manager.ask(ExtendLocks(scheduled), timeout=timeout)
+    assert manager._manager.flush(timeout), "a target or a log handler is held up"
 
 
 def settle(manager: ManagerRef, *, timeout: float = ASK_TIMEOUT) -> None:
@@ -139,8 +141,8 @@ def settle(manager: ManagerRef, *, timeout: float = ASK_TIMEOUT) -> None:
 def delivered(manager: ManagerRef, *, timeout: float = ASK_TIMEOUT) -> None:
     """Return once every report ``manager`` decided so far was delivered.
 
-    Callbacks and ``notify`` targets run on the manager's delivery thread,
-    after the step that decided them, in order: :func:`settle` returns before
+    Callbacks and ``notify`` targets run on the manager's delivery and teller
+    threads, after the step that decided them: :func:`settle` returns before
     they may have run. An asked tick is answered only once its own report was
     delivered, and so every report before it: this is :func:`tick`, a "renew
     now" (which renews what is due, if anything), used for what it waits for.
