@@ -1,0 +1,64 @@
+"""A TCP proxy in a process of its own that hands each reply to the client late.
+
+Run by the tests as ``python slowlink.py HOST PORT DELAY_MS``; it prints the
+port it listens on, then forwards every connection to the server, each chunk
+the server sends held ``DELAY_MS`` before the client gets it (requests go at
+once). A command then runs at the server well before its sender reads the
+answer: the window in which a worker's process may be stuck (a GIL hold)
+with a lock taken and unread. A process of its own: the worker's GIL hold
+cannot stop it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+
+async def _up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    while data := await reader.read(65536):
+        writer.write(data)
+        await writer.drain()
+    writer.close()
+
+
+async def _down(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
+    held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+    async def deliver() -> None:
+        while True:
+            due, data = await held.get()
+            if not data:
+                writer.close()
+                return
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            writer.write(data)
+            await writer.drain()
+
+    delivering = asyncio.ensure_future(deliver())
+    while data := await reader.read(65536):
+        held.put_nowait((time.monotonic() + delay, data))
+    held.put_nowait((0.0, b""))
+    await delivering
+
+
+async def main(host: str, port: int, delay_ms: int) -> None:
+    """Serve until killed."""
+
+    async def link(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection(host, port)
+        await asyncio.gather(
+            _up(client_r, server_w),
+            _down(server_r, client_w, delay_ms / 1000),
+            return_exceptions=True,
+        )
+
+    server = await asyncio.start_server(link, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
