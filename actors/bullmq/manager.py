@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from actors.bullmq.hooks import Fetcher
     from actors.bullmq.runs import LockSignal
     from actors.messages import LostLock
+    from actors.process.take import Taken
     from actors.ref import ManagerRef
 
 __all__ = ["LOCK_LOST", "ActorLockManager"]
@@ -357,6 +358,11 @@ class ActorLockManager:
     def _on_renewed(self, job_ids: list[str]) -> None:
         if not self.closed:
             self._runs.emit("locksRenewed", {"count": len(job_ids), "jobIds": job_ids})
+
+    def taker(self) -> Callable[..., concurrent.futures.Future[Taken]] | None:
+        """What runs bullmq's fetch in the manager's child (process mode), else ``None``."""
+        manager = self.manager
+        return None if manager is None else manager.taker()
 
     def taken(self, job_id: str, token: str, sent_ms: int, sent_wall_ms: int) -> None:
         """Track a job the fetch took; runs on the fetch thread, when the server answers."""

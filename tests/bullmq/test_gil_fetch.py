@@ -72,7 +72,6 @@ def slow_url(server: Server) -> Iterator[str]:
         yield url
 
 
-@pytest.mark.xfail(strict=True, reason="the fetch's answer is read in the worker's process")
 def test_a_job_fetched_while_another_holds_the_gil_keeps_its_lock(
     one_bench: Bench, server: Server, slow_url: str
 ) -> None:
