@@ -12,8 +12,15 @@ cannot stop it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 async def _up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -58,6 +65,26 @@ async def main(host: str, port: int, delay_ms: int) -> None:
     print(server.sockets[0].getsockname()[1], flush=True)
     async with server:
         await server.serve_forever()
+
+
+@contextlib.contextmanager
+def slow_link(url: str, delay_ms: int) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Run a link to the server at ``url`` whose replies come ``delay_ms`` late.
+
+    Yields its URL and its process (a test may stop it); killed at the end.
+    """
+    host, port = url.removeprefix("redis://").split("/")[0].split(":")
+    proxy = subprocess.Popen(
+        [sys.executable, str(Path(__file__)), host, port, str(delay_ms)], stdout=subprocess.PIPE
+    )
+    try:
+        assert proxy.stdout is not None
+        listening = proxy.stdout.readline().decode().strip()
+        assert listening, "the slow link did not start"
+        yield f"redis://127.0.0.1:{listening}/0", proxy
+    finally:
+        proxy.kill()
+        proxy.wait()
 
 
 if __name__ == "__main__":

@@ -19,16 +19,13 @@ runs) is ``make gil-fetch`` (``-m scenario``).
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
-import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.bullmq.burn import backtrack, size_for
 from tests.bullmq.harness import OUTCOMES, Bench, wait_until
+from tests.bullmq.slowlink import slow_link
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -46,29 +43,10 @@ SETTLE_S = 15.0
 #: Worker B: a stalled check four times per lock duration, no jobs of its own.
 CHECKER = {"lockDuration": LOCK_MS, "stalledInterval": LOCK_MS // 4, "paused": True}
 
-SLOWLINK = Path(__file__).with_name("slowlink.py")
-
-
-@contextlib.contextmanager
-def slow_link(server: Server, delay_ms: int) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A URL whose replies come ``delay_ms`` late, and the proxy's process."""
-    host, port = server.url.removeprefix("redis://").split("/")[0].split(":")
-    proxy = subprocess.Popen(
-        [sys.executable, str(SLOWLINK), host, port, str(delay_ms)], stdout=subprocess.PIPE
-    )
-    try:
-        assert proxy.stdout is not None
-        listening = proxy.stdout.readline().decode().strip()
-        assert listening, "the slow link did not start"
-        yield f"redis://127.0.0.1:{listening}/0", proxy
-    finally:
-        proxy.kill()
-        proxy.wait()
-
 
 @pytest.fixture
 def slow_url(server: Server) -> Iterator[str]:
-    with slow_link(server, REPLY_DELAY_MS) as (url, _):
+    with slow_link(server.url, REPLY_DELAY_MS) as (url, _):
         yield url
 
 
