@@ -227,13 +227,26 @@ class Child:
             self._cells[slot] = max(int(self._cells[slot]), jobs.stamps[job_id])
 
     def _took(self) -> None:
-        """Track each job a take took, watched, then answer the take."""
-        for request, answer, token, slot, sent_ms, sent_wall_ms in self._taker.answers():
+        """Track each job a take took, watched, then answer the take.
+
+        A lock whose take was answered a renew window or more after its send
+        is renewed first: the worker reads the lock's deadline from its cell.
+        """
+        answers = self._taker.answers()
+        if not answers:
+            return
+        late = False
+        for _, answer, token, slot, sent_ms, _ in answers:
             job_id = _taken_id(answer)
             if job_id is not None:
                 self._set(job_id, token, sent_ms, True, slot)
                 self._fetched[job_id] = token
-            self._out.put(("took", request, answer, job_id, sent_ms, sent_wall_ms))
+                late = late or sent_ms + self._timing.threshold < monotonic_ms()
+        if late:
+            now = monotonic_ms()
+            self._tick("now", now, now)
+        for request, answer, _, _, sent_ms, sent_wall_ms in answers:
+            self._out.put(("took", request, answer, _taken_id(answer), sent_ms, sent_wall_ms))
 
     def _drop(self, job_id: str) -> None:
         self._books.jobs.untrack(job_id, everyone=True)
@@ -360,14 +373,18 @@ class _Taker:
                     self._scripts[key] = portable(exc)
                 continue
             _, request, key, keys, args, token, slot = word
-            sent_ms, sent_wall_ms = monotonic_ms(), time.time_ns() // 1_000_000
             script = self._scripts.get(key)
             answer: Any
             try:
                 if isinstance(script, Exception):
                     raise script
+                # Connected first: the lock's age counts from the script's send, not the connect's.
+                pool = script.registered_client.connection_pool  # type: ignore[union-attr]
+                pool.release(pool.get_connection())
+                sent_ms, sent_wall_ms = monotonic_ms(), time.time_ns() // 1_000_000
                 answer = script(keys=keys, args=args)  # type: ignore[misc]
             except Exception as exc:
+                sent_ms, sent_wall_ms = monotonic_ms(), time.time_ns() // 1_000_000
                 answer = portable(exc)
             self._answers.put((request, answer, token, slot, sent_ms, sent_wall_ms))
             with contextlib.suppress(OSError):

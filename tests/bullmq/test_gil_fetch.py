@@ -19,6 +19,10 @@ runs) is ``make gil-fetch`` (``-m scenario``).
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -26,6 +30,7 @@ import pytest
 from tests.bullmq.burn import backtrack, size_for
 from tests.bullmq.harness import OUTCOMES, Bench, wait_until
 from tests.bullmq.slowlink import slow_link
+from tests.isolation.conftest import children
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -111,3 +116,118 @@ def test_a_job_fetched_while_another_holds_the_gil_keeps_its_lock(
         runs=len(runs),
         stalled=len(checker.stalled_ids()),
     )
+
+
+#: How late the link answers when the child is killed mid-fetch, in ms: time to kill it.
+STOPPED_LINK_DELAY_MS = 300
+
+
+def test_a_fetch_whose_child_dies_is_handed_on_by_the_stalled_check(
+    one_bench: Bench, server: Server
+) -> None:
+    checker = one_bench.start_peer("B", CHECKER)
+    runs: list[str] = []
+
+    async def process(job: Any, token: str) -> str:
+        runs.append(str(job.id))
+        return "done"
+
+    with slow_link(server.url, STOPPED_LINK_DELAY_MS) as (url, _):
+        a = one_bench.start_worker(
+            "A",
+            process,
+            # A fetch that fails for its connection is tried again after runRetryDelay.
+            {"lockDuration": LOCK_MS, "runRetryDelay": LOCK_MS // 4},
+            actor=True,
+            isolation="process",
+            connection=url,
+            connection_for_renewal=server.url,
+        )
+        # Given a fetch the server ran, its answer on the way,
+        job = one_bench.add_job({})
+        wait_until(
+            lambda: one_bench.client.exists(one_bench.key(job, "lock")), SETTLE_S, "the fetch"
+        )
+        # when the child that sent it is killed before it reads the answer,
+        [child] = children()
+        os.kill(child, signal.SIGKILL)
+        # then nobody renews the lock: it expires, the stalled check moves the job
+        # back to wait, and worker A takes it again and runs it once.
+        wait_until(lambda: a.events.of("completed"), 5 * LOCK_MS / 1000 + SETTLE_S, "the job")
+        a.close()
+    assert runs == [job]
+    assert checker.stalled_ids() == [job]
+    assert one_bench.job(job)["stc"] == "1"
+    assert a.events.of("lockRenewalFailed") == []
+    assert a.events.of("failed") == []
+
+
+#: The issue's scenario, full size: its ``lockDuration``, concurrency and jobs.
+SCENARIO_LOCK_MS = 2000
+SCENARIO_JOBS = 30
+#: Seven jobs, repeated: one holds the GIL (~2x the lock), one blocks the loop 3 s, five are quick.
+SCENARIO_PATTERN = ("gil", "block", "quick", "quick", "quick", "quick", "quick")
+SCENARIO_HOLD_S = 2 * SCENARIO_LOCK_MS / 1000
+SCENARIO_BLOCK_S = 3.0
+#: How many times ``make gil-fetch`` runs it.
+SCENARIO_RUNS = int(os.environ.get("GIL_RUNS", "1"))
+
+
+@pytest.mark.scenario
+@pytest.mark.parametrize("run", range(1, SCENARIO_RUNS + 1))
+def test_the_issue_scenario_runs_every_job_once(one_bench: Bench, run: int) -> None:
+    size = size_for(SCENARIO_HOLD_S)
+    checker = one_bench.start_peer(
+        "B", {"lockDuration": SCENARIO_LOCK_MS, "stalledInterval": 500, "paused": True}
+    )
+    runs: dict[str, int] = {}
+    holds: list[float] = []
+
+    async def process(job: Any, token: str) -> str:
+        runs[str(job.id)] = runs.get(str(job.id), 0) + 1
+        kind = job.data["kind"]
+        if kind == "gil":
+            holds.append(backtrack(size) * 1000)
+        elif kind == "block":
+            time.sleep(SCENARIO_BLOCK_S)
+        else:
+            await asyncio.sleep(0.05)
+        return "done"
+
+    kinds = [SCENARIO_PATTERN[i % len(SCENARIO_PATTERN)] for i in range(SCENARIO_JOBS)]
+    ids = [one_bench.add_job({"kind": kind}) for kind in kinds]
+    started = time.monotonic()
+    a = one_bench.start_worker(
+        "A",
+        process,
+        {"lockDuration": SCENARIO_LOCK_MS, "concurrency": 4},
+        actor=True,
+        isolation="process",
+    )
+    # Every hold and block runs alone (each stops the whole worker): their sum, and margin.
+    budget = kinds.count("gil") * 3 * SCENARIO_HOLD_S + kinds.count("block") * SCENARIO_BLOCK_S
+    wait_until(
+        lambda: all("finishedOn" in one_bench.job(job_id) for job_id in ids),
+        budget + SETTLE_S,
+        "every job to finish",
+    )
+    wait_until(lambda: not a.busy(), SETTLE_S, "worker A to finish")
+    twice = sorted((job_id for job_id, count in runs.items() if count > 1), key=int)
+    lost = [e.args[0] for e in a.events.of("lockRenewalFailed")]
+    OUTCOMES.add(
+        "the issue's scenario (process mode)",
+        run=run,
+        jobs=len(ids),
+        ran_twice=len(twice),
+        which=twice,
+        lost=len(lost),
+        stalled=len(checker.stalled_ids()),
+        holds_ms=f"{min(holds):.0f}-{max(holds):.0f}",
+        seconds=round(time.monotonic() - started, 1),
+    )
+
+    assert twice == []
+    assert lost == []
+    assert checker.stalled_ids() == []
+    assert a.events.of("error") == []
+    assert sorted(str(e.args[0].id) for e in a.events.of("completed")) == sorted(ids)
