@@ -134,6 +134,8 @@ class Cells:
         self._free_lock = threading.Lock()
         #: The cell reserved for each job a take took, until its lock is watched.
         self._taken: dict[str, int] = {}
+        #: Reserved cells a newer take of their job replaced, to retire on the manager's thread.
+        self._replaced: list[int] = []
         self._retired: list[int] = []
         self._unsent: list[int] = []
         self._warned = False
@@ -180,8 +182,9 @@ class Cells:
         with self._free_lock:
             older = self._taken.get(job_id)
             self._taken[job_id] = slot
-        if older is not None:
-            self.retire(older)  # written for an older lock of the job: freed once the child says
+            if older is not None:
+                # Written for an older lock of the job: freed once the child says it is done.
+                self._replaced.append(older)
 
     def give_back(self, slot: int) -> None:
         """A reserved cell the child never wrote (its take took nothing, or never ran)."""
@@ -195,6 +198,11 @@ class Cells:
 
     def to_retire(self) -> list[int]:
         """The cells retired since last asked: to tell the child, which echoes them once done."""
+        if self._replaced:
+            with self._free_lock:
+                replaced, self._replaced = self._replaced, []
+            for slot in replaced:
+                self.retire(slot)
         unsent, self._unsent = self._unsent, []
         return unsent
 
