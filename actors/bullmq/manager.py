@@ -51,7 +51,9 @@ class ActorLockManager:
 
     - renewal runs on the manager's threads (or its child process), so a
       processor that blocks the loop keeps its lock, and so do the others;
-    - a job is tracked from the taking of its lock until its move is answered;
+    - a job is tracked from the taking of its lock until its move is answered
+      (in process mode the child runs the fetch and tracks the job it took
+      before the worker reads the answer, whatever holds the worker's GIL);
     - a lost lock aborts the job's ``AbortSignal`` with a reason starting
       with :data:`LOCK_LOST`; ``signal.aborted`` reads ``True`` as soon as
       the manager knows, even right after a call that blocked the loop;
