@@ -562,6 +562,10 @@ class LockManager(pykka.ThreadingActor):
             )
         return client, self.keys
 
+    def taker(self) -> Callable[..., Any] | None:
+        """Return ``None``: this manager renews from the worker, which runs such a script itself."""
+        return None
+
     # -- life -----------------------------------------------------------------------
 
     def _start_threads(self) -> None:

@@ -234,6 +234,10 @@ class _Manager(Protocol):
         """The client and keys a lease takes its fence with."""
         ...
 
+    def taker(self) -> Callable[..., Any] | None:
+        """What runs a lock-taking script where the locks are renewed, if not here."""
+        ...
+
 
 class ManagerRef(pykka.ActorRef[Any]):
     """A :class:`~actors.LockManager`'s ``ActorRef``; use it as any pykka reference."""
@@ -274,6 +278,15 @@ class ManagerRef(pykka.ActorRef[Any]):
             RuntimeError: The manager renews through a renewer with no client.
         """
         return self._manager.fencing()
+
+    def taker(self) -> Callable[..., Any] | None:
+        """Return what runs a script that takes a job's lock where the locks are renewed.
+
+        ``None`` in thread mode: the worker's own threads renew, so the worker
+        runs such a script itself. In process mode the child runs it and tracks
+        the job it took before it answers (see :mod:`actors.process.take`).
+        """
+        return self._manager.taker()
 
     def is_alive(self) -> bool:
         """Whether the manager runs, in this process (never in a fork of the one it started in)."""

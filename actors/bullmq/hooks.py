@@ -12,6 +12,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import pickle
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -20,7 +21,8 @@ import pykka
 import redis
 import redis.asyncio
 
-from actors.connection import client_for_url, client_like, command_timeout
+from actors.connection import client_for_url, client_like, client_settings, command_timeout
+from actors.process.take import Source
 from actors.timing import Timing, monotonic_ms
 
 if TYPE_CHECKING:
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 
     from actors.bullmq.runs import Run
     from actors.keys import QueueKeys
+    from actors.process.take import Taken
     from actors.ref import ManagerRef
 
 __all__ = [
@@ -55,6 +58,9 @@ class Owner(Protocol):
     def keys(self) -> QueueKeys:
         """The queue's keys."""
         ...
+
+    def taker(self) -> Callable[..., concurrent.futures.Future[Taken]] | None:
+        """What runs the fetch where the locks are renewed (process mode), if anything."""
 
     def taken(self, job_id: str, token: str, sent_ms: int, sent_wall_ms: int) -> None:
         """A fetch took the job's lock (on the fetch thread)."""
@@ -111,7 +117,10 @@ class Fetcher:
 
     The same script and arguments, through a synchronous copy of the worker's
     client: never retried (a second run would take a second job), awaited as
-    long as it takes, and decoded as the worker's client would.
+    long as it takes, and decoded as the worker's client would. In process
+    mode the manager's child runs it (with a copy of that client of its own)
+    and tracks the job before it answers: the lock is renewed from the moment
+    the server answers, whatever holds the worker's GIL.
     """
 
     def __init__(self, owner: Owner, script: Any, conn: redis.asyncio.Redis) -> None:
@@ -121,7 +130,11 @@ class Fetcher:
         self._script = self._client.register_script(script.script)
         self._decode = conn.get_encoder().decode  # type: ignore[no-untyped-call]
         self._prefix = owner.keys.key_prefix
+        self._source = Source(script.script, _portable_settings(self._client))
         self._in_flight: set[concurrent.futures.Future[tuple[Any, Any]]] = set()
+        #: The takes the child runs for this fetcher, until answered.
+        self._taking: set[concurrent.futures.Future[Taken]] = set()
+        self._closed = False
         # One thread: the worker's own client sends one command at a time too.
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"bullmq-fetch-{owner.keys.name}"
@@ -147,22 +160,52 @@ class Fetcher:
         return answer
 
     def _fetch(self, keys: list[Any], args: list[Any]) -> tuple[Any, tuple[str, str] | None]:
+        token = self._token(args)
+        taker = None if token is None else self._owner.taker()
+        if taker is not None and token is not None:
+            return self._take(taker, keys, args, token)
         sent_ms, sent_wall_ms = monotonic_ms(), time.time_ns() // 1_000_000
         answer = _decoded(self._script(keys=keys, args=args), self._decode)
-        taken = self._job_taken(args, answer)
-        if taken is not None:
+        taken = None
+        if token is not None and isinstance(answer, list) and len(answer) > 1 and answer[1]:
+            taken = (str(answer[1]), token)
             self._owner.taken(*taken, sent_ms, sent_wall_ms)
         return answer, taken
 
-    def _job_taken(self, args: list[Any], answer: Any) -> tuple[str, str] | None:
-        """The job id and token the answer took a lock for, if any.
+    def _take(
+        self,
+        taker: Callable[..., concurrent.futures.Future[Taken]],
+        keys: list[Any],
+        args: list[Any],
+        token: str,
+    ) -> tuple[Any, tuple[str, str] | None]:
+        """Have the manager's child run the fetch; it renews what it took before it answers."""
+        take = taker(self._source, keys, args, token)
+        self._taking.add(take)
+        if self._closed:
+            take.cancel()
+        try:
+            done = take.result()
+        except concurrent.futures.CancelledError:
+            # Cut off by the close: a lock it took is left to expire.
+            raise redis.ConnectionError("the worker closed during the fetch") from None
+        finally:
+            self._taking.discard(take)
+        if isinstance(done.answer, BaseException):
+            raise done.answer
+        answer = _decoded(done.answer, self._decode)
+        if done.job_id is None:
+            return answer, None
+        self._owner.taken(done.job_id, token, done.sent_ms, done.sent_wall_ms)
+        return answer, (done.job_id, token)
+
+    def _token(self, args: list[Any]) -> str | None:
+        """The token a fetch with ``args`` takes a lock with, if they are this queue's.
 
         ``ARGV[1]`` is the queue's key prefix, ``ARGV[3]`` the packed options
         holding the token: the script's argument layout, shared by every
-        BullMQ runtime. The answer's second entry is the job's id.
+        BullMQ runtime. The answer's second entry is then the job's id.
         """
-        if not isinstance(answer, list) or len(answer) < 2 or not answer[1]:
-            return None
         if len(args) < 3 or str(args[0]) != self._prefix:
             return None
         try:
@@ -171,7 +214,7 @@ class Fetcher:
             return None
         if not isinstance(token, str) or not token:
             return None
-        return str(answer[1]), token
+        return token
 
     def _abandon(self, fetch: concurrent.futures.Future[tuple[Any, Any]]) -> None:
         if not fetch.cancelled() and fetch.exception() is None:
@@ -181,7 +224,10 @@ class Fetcher:
 
     def close(self) -> None:
         """End the fetch thread: a fetch still waiting on the server is cut off."""
+        self._closed = True
         self._executor.shutdown(wait=False, cancel_futures=True)
+        for take in list(self._taking):
+            take.cancel()
         deadline = time.monotonic() + _JOIN_S
         while True:
             # Closing the sockets ends a read that waits on a paused or hung server.
@@ -193,6 +239,16 @@ class Fetcher:
         if not pending:
             self._executor.shutdown(wait=True)
         self._client.close()
+
+
+def _portable_settings(client: redis.Redis) -> dict[str, Any] | None:
+    """The client's settings, if another process can build a client from them."""
+    try:
+        settings = client_settings(client)
+        pickle.dumps(settings)
+    except Exception:
+        return None  # the child then takes through the renewal's server
+    return settings
 
 
 def _decoded(reply: Any, decode: Callable[[Any], Any]) -> Any:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from actors.bullmq.hooks import Fetcher
     from actors.bullmq.runs import LockSignal
     from actors.messages import LostLock
+    from actors.process.take import Taken
     from actors.ref import ManagerRef
 
 __all__ = ["LOCK_LOST", "ActorLockManager"]
@@ -51,7 +52,9 @@ class ActorLockManager(TellsInBatches):
 
     - renewal runs on the manager's threads (or its child process), so a
       processor that blocks the loop keeps its lock, and so do the others;
-    - a job is tracked from the taking of its lock until its move is answered;
+    - a job is tracked from the taking of its lock until its move is answered
+      (in process mode the child runs the fetch and tracks the job it took
+      before the worker reads the answer, whatever holds the worker's GIL);
     - a lost lock aborts the job's ``AbortSignal`` with a reason starting
       with :data:`LOCK_LOST`; ``signal.aborted`` reads ``True`` as soon as
       the manager knows, even right after a call that blocked the loop;
@@ -363,6 +366,11 @@ class ActorLockManager(TellsInBatches):
     def _on_renewed(self, job_ids: list[str]) -> None:
         if not self.closed:
             self._runs.emit("locksRenewed", {"count": len(job_ids), "jobIds": job_ids})
+
+    def taker(self) -> Callable[..., concurrent.futures.Future[Taken]] | None:
+        """What runs bullmq's fetch in the manager's child (process mode), else ``None``."""
+        manager = self.manager
+        return None if manager is None else manager.taker()
 
     def taken(self, job_id: str, token: str, sent_ms: int, sent_wall_ms: int) -> None:
         """Track a job the fetch took; runs on the fetch thread, when the server answers."""

@@ -9,6 +9,10 @@ thread, so no renewal waits for a worker that reads nothing (a GIL hold).
 When the worker is gone (the socket closes, or its pidfd says it ended), the
 child deletes each lock that still holds its token and exits. Told to stop,
 it leaves the locks alone: the worker releases its own.
+
+A take (:mod:`actors.process.take`) runs on a thread and a client of its own,
+so the renewals never wait behind one; the job it took is tracked, watched,
+before the worker hears of it.
 """
 
 from __future__ import annotations
@@ -17,14 +21,18 @@ import contextlib
 import logging
 import os
 import pickle
+import queue
 import signal
+import threading
+import time
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, Final
 
 import msgpack
+import redis
 
 from actors.books import Books, Report
-from actors.connection import client_like, command_timeout
+from actors.connection import client_like, client_settings, command_timeout
 from actors.keys import QueueKeys
 from actors.messages import BatchOutcome
 from actors.process.shared import Tick, Writer, map_cells
@@ -132,11 +140,14 @@ class Child:
         self._grid = monotonic_ms() + timing.interval
         self._retry: int | None = None
         self._failed = 0
+        self._taker = _Taker(config["connection"], timing.lock_duration / 1000)
+        #: The token of each job a take took that the worker has not yet told of.
+        self._fetched: dict[str, str] = {}
 
     def run(self) -> int:
         """Serve the worker until it stops the child or is gone; return the exit code."""
         self._renewer.probe()
-        watched: list[Any] = [self._conn]
+        watched: list[Any] = [self._conn, self._taker.wake]
         if self._pidfd is not None:
             watched.append(self._pidfd)
         while True:
@@ -159,6 +170,7 @@ class Child:
                         logger.warning("the child dropped a %r word", word[0], exc_info=True)
             if self._pidfd is not None and wait([self._pidfd], 0):
                 return self._end(release=True)
+            self._took()
             now = monotonic_ms()
             if now >= self._grid:
                 self._tick("grid", now, self._grid)
@@ -171,27 +183,22 @@ class Child:
 
     def _handle(self, word: tuple[Any, ...]) -> None:
         kind = word[0]
-        jobs = self._books.jobs
         if kind == "set":
-            _, job_id, token, ts, watched, slot = word
-            if jobs.tokens.get(job_id) != token:
-                self._drop(job_id)
-                jobs.track(job_id, token, ts)
-            if watched and not jobs.watched(job_id):
-                jobs.track(job_id, token, ts, _WATCHED, margin=0)
-            elif not watched and jobs.watched(job_id):
-                jobs.untrack(job_id, token, _WATCHED)
-            self._slots.pop(job_id, None)
-            if slot is not None:
-                self._slots[job_id] = slot
-                # What the worker knows of the lock may be older than this child's last renewal.
-                self._cells[slot] = max(int(self._cells[slot]), jobs.stamps[job_id])
+            job_id, token = word[1], word[2]
+            taken = self._fetched.get(job_id)
+            if taken is not None:
+                if taken != token:
+                    return  # an older lock of the job: the take's is the newest
+                del self._fetched[job_id]
+            self._set(*word[1:])
         elif kind == "drop":
-            self._drop(word[1])
+            if word[1] not in self._fetched:
+                self._drop(word[1])
         elif kind == "release":
             _, locks = word
-            for job_id, _token in locks:
-                self._drop(job_id)
+            for job_id, token in locks:
+                if self._fetched.get(job_id, token) == token:
+                    self._drop(job_id)
             with contextlib.suppress(Exception):  # logged by the renewer; the TTL does the rest
                 self._renewer.release(locks)
         elif kind == "retire":
@@ -200,6 +207,46 @@ class Child:
             self._requests.append(word[1])
         elif kind == "mark":
             self._mark = word[1]
+        elif kind in ("source", "take"):
+            self._taker.put(word)
+
+    def _set(self, job_id: str, token: str, ts: int, watched: bool, slot: int | None) -> None:
+        """Hold ``job_id``'s lock with ``token`` (taken at ``ts``), watched or not, in ``slot``."""
+        jobs = self._books.jobs
+        if jobs.tokens.get(job_id) != token:
+            self._drop(job_id)
+            jobs.track(job_id, token, ts)
+        if watched and not jobs.watched(job_id):
+            jobs.track(job_id, token, ts, _WATCHED, margin=0)
+        elif not watched and jobs.watched(job_id):
+            jobs.untrack(job_id, token, _WATCHED)
+        self._slots.pop(job_id, None)
+        if slot is not None:
+            self._slots[job_id] = slot
+            # What the worker knows of the lock may be older than this child's last renewal.
+            self._cells[slot] = max(int(self._cells[slot]), jobs.stamps[job_id])
+
+    def _took(self) -> None:
+        """Track each job a take took, watched, then answer the take.
+
+        A lock whose take was answered a renew window or more after its send
+        is renewed first: the worker reads the lock's deadline from its cell.
+        """
+        answers = self._taker.answers()
+        if not answers:
+            return
+        late = False
+        for _, answer, token, slot, sent_ms, _ in answers:
+            job_id = _taken_id(answer)
+            if job_id is not None:
+                self._set(job_id, token, sent_ms, True, slot)
+                self._fetched[job_id] = token
+                late = late or sent_ms + self._timing.threshold < monotonic_ms()
+        if late:
+            now = monotonic_ms()
+            self._tick("now", now, now)
+        for request, answer, _, _, sent_ms, sent_wall_ms in answers:
+            self._out.put(("took", request, answer, _taken_id(answer), sent_ms, sent_wall_ms))
 
     def _drop(self, job_id: str) -> None:
         self._books.jobs.untrack(job_id, everyone=True)
@@ -250,7 +297,8 @@ class Child:
             error=None if report.error is None else portable(report.error),
             unknown=report.unknown,
             oldest=oldest,
-            mark=self._mark,
+            # A job taken here that the worker does not hold yet: it checks the ids.
+            mark=None if self._fetched else self._mark,
             requests=self._requests,
             freed=self._freed,
         )
@@ -266,9 +314,97 @@ class Child:
             jobs = self._books.jobs
             with contextlib.suppress(Exception):  # logged by the renewer; the TTL does the rest
                 self._renewer.release(list(jobs.tokens.items()))
+        self._taker.close()
         self._out.close(WAIT_S)
         self._client.close()
         return 0
+
+
+class _Taker:
+    """The child's takes, one at a time, on a thread and a client of their own.
+
+    Never retried (a second run would take a second job) and waited for as
+    long as the server takes to answer, as the worker's own client would.
+    Each answer wakes the child's loop through :attr:`wake`.
+    """
+
+    def __init__(self, renewal: str | dict[str, Any], connect_s: float) -> None:
+        self._renewal = renewal
+        self._connect_s = connect_s
+        self._inbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._answers: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        #: Readable once an answer waits: the child's loop waits on it too.
+        self.wake, self._ring = os.pipe()
+        os.set_blocking(self.wake, False)
+        self._thread: threading.Thread | None = None
+        self._scripts: dict[int, Any] = {}
+
+    def put(self, word: tuple[Any, ...]) -> None:
+        """Queue a ``source`` or ``take`` word of the worker's."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="child-taker", daemon=True)
+            self._thread.start()
+        self._inbox.put(word)
+
+    def answers(self) -> list[tuple[Any, ...]]:
+        """The answers come since last asked.
+
+        Each as ``(request, answer, token, slot, sent_ms, sent_wall_ms)``.
+        """
+        with contextlib.suppress(BlockingIOError):
+            os.read(self.wake, 4096)
+        found = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                found.append(self._answers.get_nowait())
+        return found
+
+    def close(self) -> None:
+        """End the thread once the take under way (if any) returns."""
+        self._inbox.put(None)
+
+    def _run(self) -> None:
+        while (word := self._inbox.get()) is not None:
+            if word[0] == "source":
+                _, key, script, client = word
+                try:
+                    self._scripts[key] = self._client(client).register_script(script)
+                except Exception as exc:  # every take of it answers with the error
+                    self._scripts[key] = portable(exc)
+                continue
+            _, request, key, keys, args, token, slot = word
+            script = self._scripts.get(key)
+            answer: Any
+            try:
+                if isinstance(script, Exception):
+                    raise script
+                # Connected first: the lock's age counts from the script's send, not the connect's.
+                pool = script.registered_client.connection_pool  # type: ignore[union-attr]
+                pool.release(pool.get_connection())
+                sent_ms, sent_wall_ms = monotonic_ms(), time.time_ns() // 1_000_000
+                answer = script(keys=keys, args=args)  # type: ignore[misc]
+            except Exception as exc:
+                sent_ms, sent_wall_ms = monotonic_ms(), time.time_ns() // 1_000_000
+                answer = portable(exc)
+            self._answers.put((request, answer, token, slot, sent_ms, sent_wall_ms))
+            with contextlib.suppress(OSError):
+                os.write(self._ring, b"!")
+
+    def _client(self, given: dict[str, Any] | None) -> redis.Redis:
+        if given is None:
+            spec = self._renewal
+            given = client_settings(redis.Redis.from_url(spec)) if isinstance(spec, str) else spec
+        # Undecoded: the worker decodes the answer as its own client would.
+        settings = {**given, "decode_responses": False}
+        return client_like(settings, timeout=self._connect_s, bounded=False, retries=0)
+
+
+def _taken_id(answer: object) -> str | None:
+    """The id of the job whose lock a ``moveToActive`` answer took (its second entry), if any."""
+    if not isinstance(answer, list) or len(answer) < 2 or not answer[1]:
+        return None
+    job_id = answer[1]
+    return job_id.decode() if isinstance(job_id, bytes) else str(job_id)
 
 
 def _parent_handle(parent: int) -> int | None:

@@ -39,17 +39,20 @@ from actors.books import Report
 from actors.connection import client_like, client_settings, command_timeout, encoding, is_cluster
 from actors.lock_manager import Fired, LockManager, TicksFirst
 from actors.process.shared import Cells, SharedValidity, Tick, Writer
+from actors.process.take import Takes
 from actors.scripts import DEFAULT_MAX_BATCH
 from actors.telemetry import Log
 from actors.timer import ThreadTimer
 from actors.timing import DEFAULT_LOCK_DURATION, check_lock_duration, yield_interpreter
 
 if TYPE_CHECKING:
+    import concurrent.futures
     from collections.abc import Callable
 
     from actors.connection import Client
     from actors.keys import QueueKeys
     from actors.messages import LostLock, Renewer
+    from actors.process.take import Source, Taken
     from actors.timer import TimerFactory
 
 __all__ = [
@@ -277,6 +280,8 @@ class ProcessLockManager(LockManager, isolation="process"):
             self._cells.close()
             raise
         self._books.jobs.touched = {}
+        self._takes = Takes(self._cells, keys.name)
+        self._takes.attach(self._child.writer)
         self._fence_lock = threading.Lock()
         #: The worker's client, given or built for fences (closed with the manager).
         self._given = connection if isinstance(connection, redis.Redis) else None
@@ -303,6 +308,12 @@ class ProcessLockManager(LockManager, isolation="process"):
                 timeout = command_timeout(self._timing, self.safety_margin)
                 self._built = client_like(self._config["connection"], timeout=timeout)
             return self._built, self.keys
+
+    def taker(
+        self,
+    ) -> Callable[[Source, list[Any], list[Any], str], concurrent.futures.Future[Taken]]:
+        """Return what runs a script that takes a job's lock in the child (see :mod:`.take`)."""
+        return self._takes.take
 
     @property
     def pid(self) -> int | None:
@@ -331,6 +342,7 @@ class ProcessLockManager(LockManager, isolation="process"):
 
     def _close_parts(self) -> None:
         self._closing = True
+        self._takes.detach(f"the lock manager of queue {self.queue_name!r} stopped")
         child, self._child = self._child, None
         if child is not None:
             child.writer.put(*self._outbox, ("stop",))
@@ -390,6 +402,9 @@ class ProcessLockManager(LockManager, isolation="process"):
                     continue
                 words = child.conn.recv()
             except (EOFError, OSError):
+                self._takes.detach(
+                    f"the child process of queue {self.queue_name!r} ended during the take"
+                )
                 if self._closing:
                     return
                 # A hung child killed is no crash: only deaths count toward giving up.
@@ -412,6 +427,8 @@ class ProcessLockManager(LockManager, isolation="process"):
                     Log(name).log(level, "%s", text)
                 elif word[0] == "tick":
                     self._said(ChildSaid("tick", word[1]))
+                elif word[0] == "took":
+                    self._takes.answered(*word[1:])
 
     def _restart(self, child: Child, restarts: list[float]) -> Child | None:
         """Start the next child off the manager's thread; ``None`` when the manager must stop."""
@@ -450,6 +467,7 @@ class ProcessLockManager(LockManager, isolation="process"):
         if self._closing or not self._said(ChildSaid("up", started)):
             started.close()  # the manager stopped meanwhile: nobody else would
             return None
+        self._takes.attach(started.writer)
         return started
 
     def _said(self, said: ChildSaid) -> bool:

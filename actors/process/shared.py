@@ -130,27 +130,66 @@ class Cells:
         self._map, self.cells = map_cells(self.fd, slots)
         self.slots = slots
         self._free = list(range(slots - 1, -1, -1))
+        #: Guards the free cells: a take reserves one on the fetch's thread.
+        self._free_lock = threading.Lock()
+        #: The cell reserved for each job a take took, until its lock is watched.
+        self._taken: dict[str, int] = {}
+        #: Reserved cells a newer take of their job replaced, to retire on the manager's thread.
+        self._replaced: list[int] = []
         self._retired: list[int] = []
         self._unsent: list[int] = []
         self._warned = False
 
     def validity(self, job_id: str, confirmed: int, span: int) -> Validity:
-        """A new watched lock's deadline record: in a cell, or only local if none is free."""
-        if not self._free:
-            if not self._warned:
-                self._warned = True
-                logger.warning(
-                    "LockManager for queue %r: more than %d watched locks at once; the newest "
-                    "follow the child's words alone (a long GIL hold can then end them early)",
-                    self._queue,
-                    self.slots,
-                    extra={"queue": self._queue},
-                )
-            return Validity(confirmed, span)
-        slot = self._free.pop()
-        # Until the child confirms a renewal: the lock's taking.
-        self.cells[slot] = confirmed
-        return SharedValidity(self, slot, confirmed, span)
+        """A new watched lock's deadline record: in a cell, or only local if none is free.
+
+        A lock a take took reads the cell the child has written since the take.
+        """
+        with self._free_lock:
+            slot = self._taken.pop(job_id, None)
+            if slot is None and self._free:
+                slot = self._free.pop()
+                # Until the child confirms a renewal: the lock's taking.
+                self.cells[slot] = confirmed
+        if slot is not None:
+            return SharedValidity(self, slot, confirmed, span)
+        if not self._warned:
+            self._warned = True
+            logger.warning(
+                "LockManager for queue %r: more than %d watched locks at once; the newest "
+                "follow the child's words alone (a long GIL hold can then end them early)",
+                self._queue,
+                self.slots,
+                extra={"queue": self._queue},
+            )
+        return Validity(confirmed, span)
+
+    def reserve(self, now: int) -> int | None:
+        """Reserve a cell for a take about to be sent at ``now`` (ms); ``None`` if none is free.
+
+        Any thread. The cell holds ``now`` until the child writes the take's
+        send time, then each renewal it confirms.
+        """
+        with self._free_lock:
+            if not self._free:
+                return None
+            slot = self._free.pop()
+            self.cells[slot] = now
+            return slot
+
+    def bind(self, job_id: str, slot: int) -> None:
+        """The take of ``slot`` took ``job_id``'s lock: its deadline will read that cell."""
+        with self._free_lock:
+            older = self._taken.get(job_id)
+            self._taken[job_id] = slot
+            if older is not None:
+                # Written for an older lock of the job: freed once the child says it is done.
+                self._replaced.append(older)
+
+    def give_back(self, slot: int) -> None:
+        """A reserved cell the child never wrote (its take took nothing, or never ran)."""
+        with self._free_lock:
+            self._free.append(slot)
 
     def retire(self, slot: int) -> None:
         """The lock of ``slot`` is watched no more: the cell waits for the child's word."""
@@ -159,6 +198,11 @@ class Cells:
 
     def to_retire(self) -> list[int]:
         """The cells retired since last asked: to tell the child, which echoes them once done."""
+        if self._replaced:
+            with self._free_lock:
+                replaced, self._replaced = self._replaced, []
+            for slot in replaced:
+                self.retire(slot)
         unsent, self._unsent = self._unsent, []
         return unsent
 
@@ -166,12 +210,14 @@ class Cells:
         """The child writes in ``slots`` no more: they can be handed out again."""
         gone = set(slots)
         kept = [slot for slot in self._retired if slot not in gone]
-        self._free.extend(slot for slot in self._retired if slot in gone)
+        with self._free_lock:
+            self._free.extend(slot for slot in self._retired if slot in gone)
         self._retired = kept
 
     def restart(self) -> None:
         """A new child writes nothing yet but what it is told: every retired cell is free."""
-        self._free.extend(self._retired)
+        with self._free_lock:
+            self._free.extend(self._retired)
         self._retired, self._unsent = [], []
 
     def close(self) -> None:

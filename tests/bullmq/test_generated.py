@@ -5,7 +5,9 @@ isolation mode in turn) at a
 drawn concurrency over a drawn set of jobs: async work of random length, some
 jobs moving themselves to delayed first, and some processors blocking the
 loop with ``time.sleep`` for up to three lock durations at a drawn moment
-(at the start, at the end, right after moving to delayed). Worker B, a stock
+(at the start, at the end, right after moving to delayed); in process mode
+some of them hold the GIL instead (a catastrophic regular expression), so the
+jobs fetched beside them are fetched while nothing in the worker runs. Worker B, a stock
 worker in a process of its own, takes no jobs and checks for stalled ones
 twice per lock duration. Whatever the schedule: every job completes exactly
 once, nothing is stalled, no lock is reported lost, no move is refused, and
@@ -18,6 +20,7 @@ CI runs a few examples per engine; ``make fuzz`` runs more
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -28,6 +31,7 @@ from bullmq.custom_errors import DelayedError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.bullmq.burn import backtrack, size_for
 from tests.bullmq.harness import OUTCOMES, Bench, wait_until
 
 #: BullMQ's ``lockDuration``, in milliseconds; renewal every half of it.
@@ -55,6 +59,8 @@ class Plan:
     block_at: str
     #: How long it blocks, in milliseconds.
     block_ms: int
+    #: In process mode, hold the GIL for that long instead of sleeping.
+    gil: bool = False
 
 
 blocks = st.sampled_from([LOCK_MS // 2, LOCK_MS, 2 * LOCK_MS, 3 * LOCK_MS])
@@ -73,6 +79,7 @@ def plans(draw: st.DrawFn) -> list[Plan]:
                 delays=delays,
                 block_at=draw(st.sampled_from(moments)),
                 block_ms=draw(blocks),
+                gil=draw(st.booleans()),
             )
         )
     # At most a few blockers: each one holds the whole worker up.
@@ -80,6 +87,24 @@ def plans(draw: st.DrawFn) -> list[Plan]:
     for i in blockers[MOST_BLOCKERS:]:
         drawn[i] = Plan(drawn[i].work_ms, drawn[i].delays, "", 0)
     return drawn
+
+
+#: The match size that holds the GIL about half a lock duration here (calibrated once).
+_HALF_LOCK_SIZE: list[int] = []
+
+
+def hold(plan: Plan, isolation: str) -> None:
+    """Block the loop for the plan's time: hold the GIL in process mode if the plan says so.
+
+    (In thread mode a GIL hold past the trust window loses the lock by design: see test_gil.)
+    """
+    if not (plan.gil and isolation == "process"):
+        time.sleep(plan.block_ms / 1000)
+        return
+    if not _HALF_LOCK_SIZE:
+        _HALF_LOCK_SIZE.append(size_for(LOCK_MS / 2 / 1000))
+    # Each step of the size doubles the time: 0.5, 1, 2 and 3 (about 4) lock durations.
+    backtrack(_HALF_LOCK_SIZE[0] + round(math.log2(plan.block_ms / (LOCK_MS / 2))))
 
 
 def run_schedule(bench: Bench, concurrency: int, schedule: list[Plan], isolation: str) -> None:
@@ -90,22 +115,23 @@ def run_schedule(bench: Bench, concurrency: int, schedule: list[Plan], isolation
         attempt = len(runs.setdefault(str(job.id), [])) + 1
         runs[str(job.id)].append(attempt)
         if plan.block_at == "start" and attempt == 1:
-            time.sleep(plan.block_ms / 1000)
+            hold(plan, isolation)
         await asyncio.sleep(plan.work_ms / 1000)
         if plan.delays and attempt == 1:
             await job.moveToDelayed(int(time.time() * 1000) + 50, token)
             if plan.block_at == "after_move":
-                time.sleep(plan.block_ms / 1000)
+                hold(plan, isolation)
             raise DelayedError()
         if plan.block_at == "end":
-            time.sleep(plan.block_ms / 1000)
+            hold(plan, isolation)
         return "done"
 
     ids = [bench.add_job({"plan": i}) for i in range(len(schedule))]
     options = {"lockDuration": LOCK_MS, "concurrency": concurrency}
     started = time.monotonic()
     a = bench.start_worker(f"A{ids[0]}", process, options, actor=True, isolation=isolation)
-    blocked_s = sum(plan.block_ms for plan in schedule if plan.block_at) / 1000
+    # A GIL hold may last twice its nominal time (the match's size is a power of two).
+    blocked_s = 2 * sum(plan.block_ms for plan in schedule if plan.block_at) / 1000
     try:
         wait_until(
             lambda: all("finishedOn" in bench.job(job_id) for job_id in ids),
@@ -143,6 +169,7 @@ def run_schedule(bench: Bench, concurrency: int, schedule: list[Plan], isolation
         jobs=len(ids),
         delayed=sum(plan.delays for plan in schedule),
         blocked_ms=[plan.block_ms for plan in schedule if plan.block_at],
+        gil=[plan.gil and isolation == "process" for plan in schedule if plan.block_at],
         block_at=[plan.block_at for plan in schedule if plan.block_at],
         runs=sum(len(r) for r in runs.values()),
         stalled=0,

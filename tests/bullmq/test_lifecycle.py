@@ -123,9 +123,9 @@ def test_a_run_whose_job_is_taken_again_by_the_same_worker_is_aborted(
     assert str(first["reason"]).startswith(LOCK_LOST)
 
 
-@pytest.mark.parametrize("actor", [False, True], ids=["stock", "actor"])
+@pytest.mark.parametrize("actor", [None, "thread", "process"], ids=["stock", "actor", "process"])
 def test_force_close_returns_while_a_fetch_waits_on_a_paused_server(
-    one_bench: Bench, actor: bool
+    one_bench: Bench, actor: str | None
 ) -> None:
     # A long lock (bullmq's default is 30 s; long jobs use minutes) bounds the
     # fetch thread's wait for an answer; worker.close(force=True) waits for it.
@@ -146,8 +146,9 @@ def test_force_close_returns_while_a_fetch_waits_on_a_paused_server(
         async def start() -> tuple[Any, asyncio.Future[Any]]:
             options = {"connection": bench.url, "prefix": PREFIX, "autorun": False}
             worker = Worker(bench.queue, process, {**options, "lockDuration": long_lock_ms})
-            if actor:
-                use_actor_lock_manager(worker)
+            if actor is not None:
+                # In process mode the fetch waits in the child: the close cuts it off.
+                use_actor_lock_manager(worker, isolation=actor)
             return worker, asyncio.ensure_future(worker.run())
 
         worker, task = loop.call(start)
