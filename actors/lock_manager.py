@@ -602,13 +602,14 @@ class LockManager(pykka.ThreadingActor):
         asks = self._refuse_the_rest(report)
         self._reporter.send(report)
         self._reporter.meters.close()
+        error = ManagerStopped(f"LockManager for queue {self.queue_name!r} is stopped")
+        for reply in asks:
+            reply.set_exception((ManagerStopped, error, None))
+        # Waits for the renewal on its way, if any: nobody asking waits with it.
         self._close_parts()
         logger.debug("LockManager for queue %r stopped", self.queue_name)
         # Last: its end writes what the manager logged, the stop's own lines included.
         self.delivery.end()
-        error = ManagerStopped(f"LockManager for queue {self.queue_name!r} is stopped")
-        for reply in asks:
-            reply.set_exception((ManagerStopped, error, None))
 
     def _close_parts(self) -> None:
         flight, self._flight = self._flight, None
