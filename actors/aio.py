@@ -76,7 +76,7 @@ async def answer(
     loop = asyncio.get_running_loop()
     waiter: asyncio.Future[T] = loop.create_future()
     if isinstance(future, Answer):
-        future.add_done_callback(functools.partial(_wake, loop, waiter))
+        future._on_set(functools.partial(_wake, loop, waiter))
     else:
         _look(loop, waiter, future, 0.001)
     if timeout is None:

@@ -147,7 +147,7 @@ class Deadlines:
     untracks costs a pop each, not a pass over the others each.
     """
 
-    __slots__ = ("_heap", "_order", "earliest", "new", "valid")
+    __slots__ = ("_heap", "_order", "_queued", "earliest", "new", "valid")
 
     def __init__(self, validity: Callable[[str, int, int], Validity] | None = None) -> None:
         #: The watched locks' validity, by job id.
@@ -157,23 +157,44 @@ class Deadlines:
         self.new = validity or (lambda _job_id, confirmed, span: Validity(confirmed, span))
         self._heap: list[tuple[int, int, str, Validity]] = []
         self._order = itertools.count()
+        #: The least deadline each watched lock has in the heap: a later one needs no entry.
+        self._queued: dict[str, int] = {}
 
     def watch(self, job_id: str, stamp: int, span: int) -> None:
         """Trust ``job_id``'s lock ``span`` ms past a confirmed send (from ``stamp`` if new)."""
         validity = self.valid.get(job_id)
         if validity is None:
             validity = self.valid[job_id] = self.new(job_id, stamp, span)
+            self._queued.pop(job_id, None)
         elif validity.span == span:
             return
         validity.span = span
-        heapq.heappush(self._heap, (validity.deadline, next(self._order), job_id, validity))
+        self._push(job_id, validity)
         self.earliest = self._top()
+
+    def _push(self, job_id: str, validity: Validity) -> None:
+        deadline = validity.deadline
+        queued = self._queued.get(job_id)
+        if queued is None or deadline < queued:
+            # A later deadline than its entry's: that entry, once on top, moves it there.
+            heapq.heappush(self._heap, (deadline, next(self._order), job_id, validity))
+            self._queued[job_id] = deadline
+            if len(self._heap) > 2 * len(self.valid) + 2:
+                # Stale entries outnumber the live ones: built anew (amortized, a push each).
+                self._rebuild()
+
+    def _rebuild(self) -> None:
+        order = self._order
+        self._heap = [(v.deadline, next(order), job_id, v) for job_id, v in self.valid.items()]
+        heapq.heapify(self._heap)
+        self._queued = {job_id: deadline for deadline, _, job_id, _ in self._heap}
 
     def unwatch(self, job_id: str) -> None:
         """Forget the lock's validity; the earliest deadline is then that of the others."""
         validity = self.valid.pop(job_id, None)
         if validity is None:
             return
+        self._queued.pop(job_id, None)
         validity.release()
         if validity.deadline == self.earliest:
             self.earliest = self._top()
@@ -196,6 +217,7 @@ class Deadlines:
             heap.append((validity.deadline, next(order), job_id, validity))
         heapq.heapify(heap)
         self._heap = heap
+        self._queued = {job_id: deadline for deadline, _, job_id, _ in heap}
         self.earliest = heap[0][0] if heap else None
         return overdue
 
@@ -207,9 +229,11 @@ class Deadlines:
             if valid.get(job_id) is not validity:
                 heapq.heappop(heap)
             elif validity.deadline != deadline:
-                # Moved since (a confirmation read elsewhere): in again, at its deadline now.
-                entry = (validity.deadline, next(self._order), job_id, validity)
-                heapq.heapreplace(heap, entry)
+                # Moved since (a span, a confirmation read elsewhere): in at its deadline now.
+                heapq.heappop(heap)
+                if self._queued.get(job_id) == deadline:
+                    del self._queued[job_id]
+                self._push(job_id, validity)
             else:
                 return deadline
         return None

@@ -179,7 +179,12 @@ class Notify(Protocol):
     """Anything with a ``tell``: a pykka ``ActorRef``, or a lease."""
 
     def tell(self, message: Any) -> None:
-        """Deliver ``message``; must not block."""
+        """Deliver ``message``; must not block, and must be thread-safe.
+
+        Called on the manager's teller threads: a target hears the messages
+        of one tick in order, on one thread, and may hear the next tick's on
+        another.
+        """
         ...
 
 

@@ -56,6 +56,7 @@ class Answer(pykka.ThreadingFuture[T]):
         self.undelivered = undelivered
         self._callbacks_lock = threading.Lock()
         self._callbacks: list[Callable[[Answer[T]], object]] | None = []
+        self._wakes: list[Callable[[Answer[T]], object]] = []
 
     def set(self, value: Any | None = None) -> None:
         """Set the answer, then run the callbacks (on the setting thread)."""
@@ -80,9 +81,25 @@ class Answer(pykka.ThreadingFuture[T]):
                 return
         _CALLBACKS.put(callback, self)
 
+    def _on_set(self, wake: Callable[[Answer[T]], object]) -> None:
+        """Call ``wake(self)`` once the answer is set, on the setting thread (a manager's).
+
+        For this package's asyncio waiters, whose ``wake`` only schedules on a
+        loop and never blocks; any other code uses :meth:`add_done_callback`.
+        """
+        with self._callbacks_lock:
+            if self._callbacks is not None:
+                self._wakes.append(wake)
+                return
+        wake(self)
+
     def _settled(self) -> None:
         with self._callbacks_lock:
             callbacks, self._callbacks = self._callbacks or [], None
+            wakes, self._wakes = self._wakes, []
+        for wake in wakes:
+            with contextlib.suppress(Exception):  # a closed loop: nobody waits any more
+                wake(self)
         for callback in callbacks:
             _CALLBACKS.put(callback, self)
 

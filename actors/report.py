@@ -46,6 +46,8 @@ logger = Log("actors.lock_manager")
 
 #: Threads telling targets past which a WARNING says that targets' ``tell`` hold them up.
 WARN_TELLERS: Final = 64
+#: Seconds the tellers wait for a busy teller to be free before they start another.
+HELD_UP_S: Final = 0.01
 #: Most seconds a stopping manager waits for its last tells and records.
 STOP_WAIT_S: Final = 1.0
 
@@ -247,25 +249,29 @@ class _Teller(threading.Thread):
         #: The pool it belongs to.
         self.tellers = tellers
         self.groups: queue.SimpleQueue[_Group | None] = queue.SimpleQueue()
+        #: Groups handed to it and not told yet (under the pool's lock).
+        self.load = 0
 
     def run(self) -> None:
-        """Tell each group handed over, then offer itself again; until handed ``None``."""
+        """Tell each group handed over; until handed ``None``."""
         while (group := self.groups.get()) is not None:
             target, messages, numbers = group
             try:
                 _tell(self.tellers.queue_name, target, messages)
             finally:
-                self.tellers.told(self, numbers)
+                self.tellers.told(self, target, numbers)
 
 
 class Tellers(threading.Thread):
-    """Tells the targets of lost locks, each target of a report on a thread of the pool.
+    """Tells the targets of lost locks, each target on one thread of the pool at a time.
 
-    The manager hands each report's tells to this thread in one put. It
-    gives each target's messages to an idle teller, starting one when none is
-    idle: a teller whose target's ``tell`` blocks (against
-    :class:`~actors.Notify`'s rule) is never idle again, so it holds up only
-    that target. Past :data:`WARN_TELLERS` threads, a WARNING says so, once.
+    The manager hands each report's tells to this thread in one put. It gives
+    a target's messages to the teller telling that target already, if one
+    is (so a target hears its messages in order, one at a time), else to an
+    idle teller, else, if none is freed within :data:`HELD_UP_S`, to a new
+    one: a teller whose target's ``tell`` blocks (against
+    :class:`~actors.Notify`'s rule) holds up only that target. Past
+    :data:`WARN_TELLERS` threads, a WARNING says so, once.
     """
 
     def __init__(self, queue_name: str, records: RecordThread) -> None:
@@ -277,6 +283,8 @@ class Tellers(threading.Thread):
         self._lock = threading.Lock()
         self._tellers: list[_Teller] = []
         self._idle: queue.SimpleQueue[_Teller] = queue.SimpleQueue()
+        #: The teller telling each target now, by the target's id, and for how many groups.
+        self._telling: dict[int, _Teller] = {}
         #: The numbers of the tells not done yet, the last number given, and
         #: who waits for which numbers.
         self._pending: set[int] = set()
@@ -315,31 +323,36 @@ class Tellers(threading.Thread):
         return thread is self or getattr(thread, "tellers", None) is self
 
     def end(self, deadline: float) -> None:
-        """Tell what is queued, then end the threads; wait until ``deadline`` (monotonic s)."""
+        """Tell what is queued, then end the threads; wait until ``deadline`` (monotonic s).
+
+        Whoever still waits for a tell then (held up in a target) is let go.
+        """
         self._inbox.put(None)
-        if self.ident is None:
-            return
-        if threading.current_thread() is not self:
+        here = threading.current_thread()
+        if self.ident is not None and here is not self:
             self.join(max(0.0, deadline - time.monotonic()))
         with self._lock:
             tellers = list(self._tellers)
         for teller in tellers:
-            if teller is not threading.current_thread():
+            if teller.ident is not None and teller is not here:
                 teller.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+        for _, then in waiting:
+            then()
 
     def run(self) -> None:
-        """Hand each group to an idle teller, starting one when none is; until :meth:`end`."""
+        """Hand each group to a teller; until :meth:`end`."""
         while (groups := self._inbox.get()) is not None:
             for group in groups:
-                self._teller().groups.put(group)
+                self._hand(group)
         with self._lock:
             tellers = list(self._tellers)
         for teller in tellers:
             teller.groups.put(None)
 
-    def told(self, teller: _Teller, numbers: range) -> None:
-        """A teller's tells of ``numbers`` are done: set who waited for them; it is idle again."""
-        ready = []
+    def told(self, teller: _Teller, target: Notify, numbers: range) -> None:
+        """A teller told ``target`` the tells of ``numbers``: set who waited for them."""
         with self._lock:
             self._pending.difference_update(numbers)
             for waiting in self._waiting:
@@ -347,15 +360,31 @@ class Tellers(threading.Thread):
             ready = [then for left, then in self._waiting if not left]
             if ready:
                 self._waiting = [w for w in self._waiting if w[0]]
-        self._idle.put(teller)
+            teller.load -= 1
+            if not teller.load:
+                self._telling.pop(id(target), None)
+                self._idle.put(teller)
         for then in ready:
             then()
 
-    def _teller(self) -> _Teller:
-        with contextlib.suppress(queue.Empty):
-            return self._idle.get_nowait()
+    def _hand(self, group: _Group) -> None:
+        target = group[0]
         with self._lock:
-            count = len(self._tellers)
+            teller = self._telling.get(id(target))
+            if teller is not None:
+                teller.load += 1
+        if teller is None:
+            teller = self._teller()
+            with self._lock:
+                teller.load += 1
+                self._telling[id(target)] = teller
+        teller.groups.put(group)
+
+    def _teller(self) -> _Teller:
+        """An idle teller; a new one if none is freed within :data:`HELD_UP_S`."""
+        with contextlib.suppress(queue.Empty):
+            return self._idle.get(timeout=HELD_UP_S if self._tellers else 0)
+        count = len(self._tellers)
         if count >= WARN_TELLERS and not self._warned:
             self._warned = True
             logger.warning(
@@ -367,9 +396,22 @@ class Tellers(threading.Thread):
             )
         teller = _Teller(self, f"LockManager-tell-{self.queue_name}-{count}")
         self._records.attach(teller)
+        while True:
+            try:
+                teller.start()
+                break
+            except RuntimeError:
+                logger.warning(
+                    "LockManager for queue %r: no thread could be started to tell a target; "
+                    "trying again, or waiting for one to be free",
+                    self.queue_name,
+                    exc_info=True,
+                    extra={"queue": self.queue_name},
+                )
+            with contextlib.suppress(queue.Empty):
+                return self._idle.get(timeout=1.0)
         with self._lock:
             self._tellers.append(teller)
-        teller.start()
         return teller
 
 
@@ -547,7 +589,12 @@ class Reporter:
 
         ``False`` if that took more than ``timeout`` seconds (a target or a
         handler that blocks).
+
+        Raises:
+            RuntimeError: Called from the manager's user code, which would wait for itself.
         """
+        if self.owns(threading.current_thread()):
+            raise RuntimeError("a LockManager's user code cannot wait for its own tells")
         deadline = time.monotonic() + timeout
         told = threading.Event()
         self.tellers.when_told(None, told.set)

@@ -184,8 +184,8 @@ class RecordThread(threading.Thread):
 class Log:
     """A module's logger: on a thread attached to a :class:`RecordThread`, written there.
 
-    Elsewhere (a caller's thread, the delivery thread) it logs at once, as
-    ``logging.getLogger(name)`` would.
+    Elsewhere (a caller's thread) it logs at once, as ``logging.getLogger(name)``
+    would.
     """
 
     __slots__ = ("logger",)

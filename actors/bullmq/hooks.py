@@ -193,10 +193,18 @@ class Fetcher:
             self._taking.discard(take)
         if isinstance(done.answer, BaseException):
             raise done.answer
-        answer = _decoded(done.answer, self._decode)
-        if done.job_id is None:
-            return answer, None
-        self._owner.taken(done.job_id, token, done.sent_ms, done.sent_wall_ms)
+        try:
+            answer = _decoded(done.answer, self._decode)
+            if done.job_id is None:
+                if isinstance(answer, list) and len(answer) > 1 and answer[1]:
+                    # Taken, but not renewed (an id the child could not read): handed on.
+                    raise redis.ConnectionError("the fetch took a job its manager cannot renew")
+                return answer, None
+            self._owner.taken(done.job_id, token, done.sent_ms, done.sent_wall_ms)
+        except BaseException:
+            # What the child took is of no use here: it stops renewing, the lock expires.
+            done.let_go()
+            raise
         return answer, (done.job_id, token)
 
     def _token(self, args: list[Any]) -> str | None:

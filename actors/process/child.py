@@ -207,8 +207,18 @@ class Child:
             self._requests.append(word[1])
         elif kind == "mark":
             self._mark = word[1]
-        elif kind in ("source", "take"):
+        elif kind in ("source", "take", "untake"):
+            self._take_word(word)
+
+    def _take_word(self, word: tuple[Any, ...]) -> None:
+        if word[0] != "untake":
             self._taker.put(word)
+            return
+        # The worker could not use what a take took: the lock is left to expire.
+        _, job_id, token = word
+        if self._fetched.get(job_id) == token:
+            del self._fetched[job_id]
+            self._drop(job_id)
 
     def _set(self, job_id: str, token: str, ts: int, watched: bool, slot: int | None) -> None:
         """Hold ``job_id``'s lock with ``token`` (taken at ``ts``), watched or not, in ``slot``."""
@@ -236,17 +246,25 @@ class Child:
         if not answers:
             return
         late = False
+        tracked: list[str | None] = []
         for _, answer, token, slot, sent_ms, _ in answers:
             job_id = _taken_id(answer)
             if job_id is not None:
-                self._set(job_id, token, sent_ms, True, slot)
-                self._fetched[job_id] = token
-                late = late or sent_ms + self._timing.threshold < monotonic_ms()
+                try:
+                    self._set(job_id, token, sent_ms, True, slot)
+                except Exception:
+                    # Answered as taking nothing here: its lock is left to expire.
+                    logger.warning("the child could not track job %r", job_id, exc_info=True)
+                    job_id = None
+                else:
+                    self._fetched[job_id] = token
+                    late = late or sent_ms + self._timing.threshold < monotonic_ms()
+            tracked.append(job_id)
         if late:
             now = monotonic_ms()
             self._tick("now", now, now)
-        for request, answer, _, _, sent_ms, sent_wall_ms in answers:
-            self._out.put(("took", request, answer, _taken_id(answer), sent_ms, sent_wall_ms))
+        for (request, answer, _, _, sent, wall), job_id in zip(answers, tracked, strict=True):
+            self._out.put(("took", request, answer, job_id, sent, wall))
 
     def _drop(self, job_id: str) -> None:
         self._books.jobs.untrack(job_id, everyone=True)
@@ -404,7 +422,12 @@ def _taken_id(answer: object) -> str | None:
     if not isinstance(answer, list) or len(answer) < 2 or not answer[1]:
         return None
     job_id = answer[1]
-    return job_id.decode() if isinstance(job_id, bytes) else str(job_id)
+    if not isinstance(job_id, bytes):
+        return str(job_id)
+    try:
+        return job_id.decode()
+    except UnicodeDecodeError:
+        return None  # no job id of a worker's: not renewed, its lock expires
 
 
 def _parent_handle(parent: int) -> int | None:

@@ -186,6 +186,13 @@ class Cells:
                 # Written for an older lock of the job: freed once the child says it is done.
                 self._replaced.append(older)
 
+    def unbind(self, job_id: str, slot: int) -> None:
+        """The worker let go of what the take of ``slot`` took: the cell waits for the child."""
+        with self._free_lock:
+            if self._taken.get(job_id) == slot:
+                del self._taken[job_id]
+                self._replaced.append(slot)
+
     def give_back(self, slot: int) -> None:
         """A reserved cell the child never wrote (its take took nothing, or never ran)."""
         with self._free_lock:
@@ -270,6 +277,25 @@ class Writer:
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
+    def _send(self, batch: list[tuple[Any, ...]]) -> bool:
+        """Send ``batch``; return whether the other side is gone (a bad word is dropped)."""
+        try:
+            self._conn.send(batch)
+        except (OSError, ValueError):
+            return True  # the other side is gone: only the callbacks still run
+        except Exception:
+            # Pickled whole before a byte is sent: word by word, the others still go.
+            for word in batch:
+                try:
+                    self._conn.send([word])
+                except (OSError, ValueError):
+                    return True
+                except Exception:
+                    logger.warning(
+                        "a %r word for the child could not be sent", word[0], exc_info=True
+                    )
+        return False
+
     def _write(self) -> None:
         gone = False
         while True:
@@ -288,10 +314,7 @@ class Writer:
                     break
                 end = word is None
             if batch and not gone:
-                try:
-                    self._conn.send(batch)
-                except (OSError, ValueError):
-                    gone = True  # the other side is gone: only the callbacks still run
+                gone = self._send(batch)
             if end:
                 with self._end_lock:
                     self._ended = True

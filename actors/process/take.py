@@ -23,6 +23,8 @@ import redis
 from actors.timing import monotonic_ms
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from actors.process.shared import Cells, Writer
 
 __all__ = ["Source", "TakeLost", "Taken", "Takes"]
@@ -60,6 +62,9 @@ class Taken:
     #: When the script was sent, in monotonic ms (the lock is younger), and wall-clock ms.
     sent_ms: int
     sent_wall_ms: int
+    #: Call when the worker cannot use what was taken: the child stops renewing the lock,
+    #: which expires, and a stalled check hands the job on.
+    let_go: Callable[[], None] = lambda: None
 
 
 class TakeLost(redis.exceptions.ConnectionError):
@@ -74,6 +79,7 @@ class TakeLost(redis.exceptions.ConnectionError):
 class _Pending:
     future: concurrent.futures.Future[Taken]
     slot: int | None
+    token: str
 
 
 class Takes:
@@ -121,6 +127,10 @@ class Takes:
         it ends before it answers; the child never runs a take twice.
         """
         future: concurrent.futures.Future[Taken] = concurrent.futures.Future()
+        _check_words(keys, "keys")
+        _check_words(args, "args")
+        if type(token) is not str or not token:
+            raise TypeError(f"token must be a non-empty str, got {type(token).__name__}")
         with self._lock:
             writer = self._writer
             if writer is None:
@@ -128,7 +138,7 @@ class Takes:
                 return future
             request = next(self._requests)
             slot = self._cells.reserve(monotonic_ms())
-            self._pending[request] = _Pending(future, slot)
+            self._pending[request] = _Pending(future, slot, token)
             words: list[tuple[Any, ...]] = []
             if source.key not in self._sent:
                 self._sent.add(source.key)
@@ -145,13 +155,36 @@ class Takes:
             pending = self._pending.pop(request, None)
         if pending is None:
             return
-        if pending.slot is not None:
+        slot = pending.slot
+        if slot is not None:
             if job_id is None:
-                self._cells.give_back(pending.slot)
+                self._cells.give_back(slot)
             else:
                 # The child writes it for the job from now on: the lock's deadline reads it.
-                self._cells.bind(job_id, pending.slot)
-        _settle(pending.future, result=Taken(answer, job_id, sent_ms, sent_wall_ms))
+                self._cells.bind(job_id, slot)
+        if job_id is None:
+            _settle(pending.future, result=Taken(answer, None, sent_ms, sent_wall_ms))
+            return
+        token = pending.token
+
+        def let_go() -> None:
+            with self._lock:
+                writer = self._writer
+            if writer is not None:
+                writer.put(("untake", job_id, token))
+            if slot is not None:
+                self._cells.unbind(job_id, slot)
+
+        _settle(pending.future, result=Taken(answer, job_id, sent_ms, sent_wall_ms, let_go))
+
+
+#: What a script's keys and arguments may be: what redis-py sends as they are.
+_WORDS = (str, bytes, int, float)
+
+
+def _check_words(words: object, name: str) -> None:
+    if type(words) is not list or not all(type(word) in _WORDS for word in words):
+        raise TypeError(f"{name} must be a list of str, bytes, int or float")
 
 
 def _settle(

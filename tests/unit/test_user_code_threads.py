@@ -10,17 +10,14 @@ Managers here renew through an in-memory lock table, ticked by hand.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import threading
 import time
 import tracemalloc
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pykka
-import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from actors import (
@@ -41,102 +38,16 @@ from tests.support import (
     HoldingClock,
     Inbox,
     LockTable,
-    ManualClock,
     manual_timer,
     settle,
     wait_for,
 )
+from tests.support.user_code import ASK_S, DUE_MS, LOCK, Blocks, Manual, handler
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
+    from collections.abc import Sequence
 
-    from actors import ManagerRef
     from actors.messages import BatchOutcome
-
-LOCK = 1000
-#: 251 ms on makes every lock due (the threshold is 250 ms).
-DUE_MS = 251
-#: How long an ask may wait before it counts as held up.
-ASK_S = 3.0
-
-
-@dataclass
-class Manual:
-    """Managers renewing through an in-memory lock table, ticked by hand."""
-
-    table: LockTable
-    clock: ManualClock
-    managers: list[ManagerRef] = field(default_factory=list)
-    #: Set when the test ends: whatever user code blocks on them goes on.
-    releases: list[threading.Event] = field(default_factory=list)
-
-    def start(self, name: str = "user-code", **options: Any) -> ManagerRef:
-        manager = start_link(
-            renewer=self.table,
-            keys=QueueKeys(name),
-            lock_duration=LOCK,
-            clock=self.clock,
-            timer=manual_timer(),
-            **options,
-        )
-        self.managers.append(manager)
-        return manager
-
-    def tick(self, manager: ManagerRef, timeout: float = ASK_S) -> None:
-        """Make every lock due and ask for a tick: returns once its report is delivered."""
-        self.clock.advance(DUE_MS)
-        manager.ask(ExtendLocks(), timeout=timeout)
-
-    def release(self) -> threading.Event:
-        event = threading.Event()
-        self.releases.append(event)
-        return event
-
-
-@pytest.fixture
-def manual() -> Iterator[Manual]:
-    fixture = Manual(LockTable(), ManualClock())
-    try:
-        yield fixture
-    finally:
-        for event in fixture.releases:
-            event.set()
-        for manager in fixture.managers:
-            with contextlib.suppress(pykka.Timeout):
-                stop(manager, timeout=10)
-
-
-@contextlib.contextmanager
-def handler(emit: Callable[[logging.LogRecord], object], level: int) -> Iterator[None]:
-    """``emit`` as a logging handler of the ``actors`` loggers for the block."""
-
-    class Handler(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            emit(record)
-
-    installed = Handler(level)
-    logger = logging.getLogger("actors")
-    old = logger.level
-    logger.setLevel(min(level, old or logging.WARNING))
-    logger.addHandler(installed)
-    try:
-        yield
-    finally:
-        logger.removeHandler(installed)
-        logger.setLevel(old)
-
-
-class Blocks:
-    """A target whose ``tell`` blocks until the test ends (against the rule)."""
-
-    def __init__(self, release: threading.Event) -> None:
-        self.release = release
-        self.entered = threading.Event()
-
-    def tell(self, _message: Any) -> None:
-        self.entered.set()
-        self.release.wait(30)
-
 
 # -- user code that asks back --------------------------------------------------
 

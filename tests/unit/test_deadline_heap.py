@@ -1,0 +1,33 @@
+"""Review 2: the deadlines' heap grows by one entry per margin change of one lock.
+
+``Deadlines.watch`` pushes a new heap entry whenever a watched lock's span
+changes, and the old entry of the same :class:`Validity` is never dropped
+(``_top`` drops an entry only when its validity is no longer watched; one whose
+deadline moved is pushed back in, never discarded). Between two confirmed
+renewals (and through a whole outage, when none is confirmed) a lock watched by
+a job actor while short leases with their own ``safety_margin`` come and go
+grows the heap by two entries per lease, without bound.
+"""
+
+from __future__ import annotations
+
+from actors.jobs import JobTable
+
+
+class Target:
+    def tell(self, _message: object) -> None:
+        pass
+
+
+def test_leases_coming_and_going_on_a_watched_lock_keep_the_heap_small() -> None:
+    jobs = JobTable(30_000, 5_000)
+    actor, lease = Target(), Target()
+    # Given a lock watched by a job actor with the default margin
+    jobs.track("j", "t", 1_000, notify=actor)
+    # When 5,000 short leases with a margin of their own come and go, with no renewal between
+    for _ in range(5_000):
+        jobs.track("j", "t", 1_000, notify=lease, margin=9_000)
+        jobs.untrack("j", "t", lease)
+    # Then the heap holds about one entry per watched lock
+    heap = jobs.deadlines._heap
+    assert len(heap) <= 4, f"{len(heap)} heap entries for one watched lock"
