@@ -1,13 +1,9 @@
-"""Review 2: in process mode, a fetch whose answer the worker cannot decode leaves a zombie lock.
+"""Process mode: a fetch whose answer the worker cannot decode leaves its lock to expire.
 
-``Fetcher._take`` has the child run ``moveToActive``; the child tracks the
-job it took (and pins it in ``_fetched``, where a ``drop`` is ignored) before
-it answers. When the worker then fails to use the answer (here: the job's data
-is not UTF-8 and the worker's client decodes replies, so ``_decoded`` raises),
-``owner.taken`` is never called and nothing tells the child to let the job
-go: the child renews its lock for as long as the manager runs. No processor
-runs the job and no stalled check can hand it on. In thread mode the same fetch
-fails the same way and the lock simply expires (the job is handed on).
+The child takes the job and renews its lock before it answers. When the
+worker cannot use the answer (here the job's data is not UTF-8 and the
+worker's client decodes replies), it lets the take go: the child stops
+renewing, and the lock expires for the stalled check, as in thread mode.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Review 2: a take answered with a job id that is not UTF-8 kills the child.
+"""A take answered with a job id that is not UTF-8 fails the fetch; the child lives on.
 
-``child._taken_id`` decodes the answer's second entry with ``bytes.decode()``
-and ``_took`` runs outside any ``try`` in the child's loop: a
-``UnicodeDecodeError`` ends the child process (every renewal stops until a new
-child starts; a few of these in a row and the manager gives up and stops).
-The take itself is never answered but with ``TakeLost``.
+The child cannot renew a job it cannot name: it answers as taking nothing,
+the worker's fetch fails, and the lock expires for the stalled check.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""Review 2: a take whose arguments do not pickle kills the worker's writer thread.
+"""A take whose arguments cannot be sent is refused at the caller; renewals go on.
 
-``Takes.take`` puts the take's words on the child's :class:`~actors.process.shared.Writer`
-unchecked; ``Writer._write`` catches only ``OSError``/``ValueError`` around
-``conn.send``, so the ``TypeError`` pickling raises ends the thread. Every later
-word (``set``, ``drop``, ``extend``) is then never sent: a job tracked afterwards
-is never renewed, its lock expires, and nothing is reported (no loss, no error).
+The words to the child go through one writer thread: a take whose arguments
+could not be pickled once ended it, and no later word (a track, an untrack)
+reached the child: its locks expired unreported.
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ def test_a_take_with_an_unpicklable_argument_costs_no_other_job_its_renewal(
     try:
         taker = manager.taker()
         assert taker is not None
-        # Given a hostile (or careless) take whose argument does not pickle
+        # Given a careless take whose argument does not pickle
         with contextlib.suppress(TypeError, ValueError):  # refused at the caller: fine
             taker(Source(TAKE), [KEYS.lock("x")], [threading.Lock(), TTL, "x"], "tx")
         time.sleep(0.2)

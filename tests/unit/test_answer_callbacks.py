@@ -1,13 +1,7 @@
-"""Review 2: one user callback on an answer holds up every async ask in the process.
+"""A user's callback on an answer holds up no asyncio ask, of this manager or any other.
 
-``Answer.add_done_callback`` now runs every callback of every manager's
-answers on one process-wide thread (``ref._CALLBACKS``). The package's own
-async door (``actors.aio.answer``, behind ``aio.ask``, async leases and
-``untrack_job(wait=True)`` from asyncio) wakes its awaiting task through that
-same thread. A user's callback that blocks (or simply waits for another
-answer awaited from asyncio) therefore stalls every awaited answer of every
-manager in the process: "a slow one delays the callbacks after it, nothing
-else" does not hold, the package's own asyncio waits are among "the callbacks after it".
+User callbacks (``Answer.add_done_callback``) run on one thread of their own;
+``actors.aio``'s wake-ups, which only schedule on a loop, run as the answer is set.
 """
 
 from __future__ import annotations

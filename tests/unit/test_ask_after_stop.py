@@ -1,15 +1,8 @@
-"""Review 2: an asked tick whose own target blocks is never answered, even once stopped.
+"""An asked tick whose own target blocks is answered once the manager stops.
 
-``Reporter.send`` answers an asked ``ExtendLocks`` through ``_Done``, once
-the report was delivered *and* ``Tellers.when_told`` saw each of its tells
-done. A target whose ``tell`` blocks (the rule says it must not, and the guides
-say such a target "holds up only itself") never finishes, so the ask's future
-is never set. A stop does not help: ``_shutdown`` answers the asks still in
-the mailbox and the flight's replies, but a reply already handed to ``_Done``
-waits on, and ``Tellers.end`` gives up on the blocked teller after a second
-without settling its waiters. ``manager.ask(ExtendLocks())`` without a
-timeout hangs for good, against "a message sent while the manager stops is
-answered or refused, never left unanswered".
+Its reply waits for its report's targets; a target whose ``tell`` blocks
+(against the rule) holds it up until the stop, which lets every waiter go:
+a message sent to a stopping manager is answered or refused, never left unanswered.
 """
 
 from __future__ import annotations

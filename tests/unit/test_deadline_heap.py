@@ -1,12 +1,8 @@
-"""Review 2: the deadlines' heap grows by one entry per margin change of one lock.
+"""The deadlines' heap stays about as large as the watched locks, however often margins change.
 
-``Deadlines.watch`` pushes a new heap entry whenever a watched lock's span
-changes, and the old entry of the same :class:`Validity` is never dropped
-(``_top`` drops an entry only when its validity is no longer watched; one whose
-deadline moved is pushed back in, never discarded). Between two confirmed
-renewals (and through a whole outage, when none is confirmed) a lock watched by
-a job actor while short leases with their own ``safety_margin`` come and go
-grows the heap by two entries per lease, without bound.
+A lock watched by a job actor while short leases with their own
+``safety_margin`` come and go changes its span at each: the heap's stale
+entries are dropped, or the heap built anew once they outnumber the live ones.
 """
 
 from __future__ import annotations

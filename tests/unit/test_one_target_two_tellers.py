@@ -1,13 +1,7 @@
-"""Review 2: one target is told on two teller threads at once, later losses first.
+"""A target shared by many jobs is told on one teller at a time, in the order of its losses.
 
-``Tellers`` keeps a target's messages in order within one report only: the
-next report's group for the same object goes to whichever teller is idle. A
-target shared by many jobs (a job supervisor actor's proxy object, the bullmq
-integration's ``ActorLockManager``, which is the target of every job of a worker)
-has its ``tell`` entered concurrently, and hears of a later loss before an
-earlier one finished. DESIGN.md still promises "one ordered delivery thread per
-manager"; ``Notify``'s docstring asks only that ``tell`` not block (thread safety is
-mentioned in the leases guide alone), and no guide says order holds within a report only.
+A job supervisor's object, or the bullmq integration's manager (the target of
+every job of a worker), hears each loss after the ones before it, never two at once.
 """
 
 from __future__ import annotations

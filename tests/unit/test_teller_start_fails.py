@@ -1,12 +1,8 @@
-"""Review 2: one teller thread the OS refuses to start kills the tellers' dispatcher for good.
+"""A teller thread the system refuses to start costs no later target its warning.
 
-The tellers start a thread per busy target, with no cap, so a burst of losses
-whose targets block (a server restarted empty under thousands of watched jobs)
-is exactly when ``Thread.start`` fails (``RuntimeError: can't start new
-thread``). ``Tellers.run`` has no ``try`` around ``self._teller()``: the
-dispatcher thread dies, and from then on no target of that manager is ever
-told again (and every asked tick that has a target hangs). Here the OS's
-refusal is simulated once; the watcher of a later, unrelated loss is never told.
+A burst of losses whose targets block is when starting a thread may fail
+(``RuntimeError: can't start new thread``): the tellers try again, or wait for
+a teller to be free, and every later target is told.
 """
 
 from __future__ import annotations
