@@ -255,6 +255,8 @@ async def _force_close(worker: Any) -> None:
 
 #: The script of a worker in a process of its own.
 PEER = Path(__file__).with_name("peer.py")
+#: Its exit code when its worker's close hung elsewhere than in bullmq's own idle wait.
+HUNG = 3
 
 
 class PeerWorker:
@@ -312,11 +314,13 @@ class PeerWorker:
         """Tell the process to close its worker, and wait for it to end."""
         self._bench.client.set(self._bench.key("peer-stop", self.name), "1")
         try:
-            self.process.wait(REQUEST_S)
+            # Its close may wait twice for bullmq (the close, then its run: see close_worker).
+            self.process.wait(2 * CLOSE_S + REQUEST_S)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
             raise
+        assert self.process.returncode != HUNG, f"worker {self.name}'s close hung (stacks above)"
 
 
 @dataclass

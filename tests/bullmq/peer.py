@@ -21,13 +21,18 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import redis.asyncio
 from bullmq import Worker
 
+# The project's root: the harness's close, which tells bullmq's idle-close hang from others.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 from actors import ExtendLocks
 from actors.bullmq import ActorLockManager, use_actor_lock_manager
+from tests.bullmq.harness import HUNG, close_worker
 
 PREFIX = "bull"
 
@@ -81,8 +86,11 @@ async def main(url: str, queue: str, name: str, options: dict[str, Any]) -> None
         while stalled:
             await client.rpush(key(queue, "peer-stalled"), stalled.pop(0))
         await asyncio.sleep(0.02)
-    await worker.close()
-    await running
+    hung = await close_worker(worker, running)
+    if hung:
+        # A close that hung, not in bullmq's own idle wait: the test hears of it.
+        sys.stderr.write("".join(hung))
+        os._exit(HUNG)
     while stalled:
         await client.rpush(key(queue, "peer-stalled"), stalled.pop(0))
     await client.aclose()
