@@ -283,7 +283,7 @@ class Tellers(threading.Thread):
         self._lock = threading.Lock()
         self._tellers: list[_Teller] = []
         self._idle: queue.SimpleQueue[_Teller] = queue.SimpleQueue()
-        #: The teller telling each target now, by the target's id, and for how many groups.
+        #: The teller telling each target now, by the target's id (its load counts the groups).
         self._telling: dict[int, _Teller] = {}
         #: The numbers of the tells not done yet, the last number given, and
         #: who waits for which numbers.
