@@ -132,6 +132,8 @@ class Fetcher:
         self._prefix = owner.keys.key_prefix
         self._source = Source(script.script, _portable_settings(self._client))
         self._in_flight: set[concurrent.futures.Future[tuple[Any, Any]]] = set()
+        #: The same fetches as the worker's loop awaits them, until answered there.
+        self._awaited: set[asyncio.Future[tuple[Any, Any]]] = set()
         #: The takes the child runs for this fetcher, until answered.
         self._taking: set[concurrent.futures.Future[Taken]] = set()
         self._closed = False
@@ -148,8 +150,11 @@ class Fetcher:
         fetch = self._executor.submit(self._fetch, list(keys or ()), list(args or ()))
         self._in_flight.add(fetch)
         fetch.add_done_callback(self._in_flight.discard)
+        awaited = asyncio.wrap_future(fetch)
+        self._awaited.add(awaited)
+        awaited.add_done_callback(self._awaited.discard)
         try:
-            answer, taken = await asyncio.wrap_future(fetch)
+            answer, taken = await awaited
         except asyncio.CancelledError:
             # Nobody will process what it takes: let its lock expire.
             fetch.add_done_callback(self._abandon)
@@ -158,6 +163,15 @@ class Fetcher:
         if taken is not None and took is not None:
             took.append(taken)
         return answer
+
+    async def answered(self) -> None:
+        """Wait until every fetch sent so far is answered on the worker's loop.
+
+        Its task is woken before the caller: whatever the caller's task then
+        finishes, the worker's loop sees the fetch's job first.
+        """
+        if self._awaited:
+            await asyncio.wait(set(self._awaited))
 
     def _fetch(self, keys: list[Any], args: list[Any]) -> tuple[Any, tuple[str, str] | None]:
         token = self._token(args)
@@ -266,7 +280,11 @@ def _decoded(reply: Any, decode: Callable[[Any], Any]) -> Any:
 
 
 def moving(
-    owner: Owner, move: Callable[..., Awaitable[Any]], *, stays_when: object = _NEVER
+    owner: Owner,
+    move: Callable[..., Awaitable[Any]],
+    *,
+    stays_when: object = _NEVER,
+    closing: Callable[[], bool] = lambda: False,
 ) -> Callable[..., Awaitable[Any]]:
     """Wrap a backend call that moves an active job away, deleting its lock.
 
@@ -274,11 +292,16 @@ def moving(
     an answer other than ``stays_when`` untracks it. If the move raises, the
     job stays tracked if its lock, read back, holds the run's token or
     cannot be read.
+
+    Once the worker is ``closing``, a move answers only after the fetches
+    sent before it: bullmq's run loop stops at the first of its tasks that
+    ends without a job, and a job that a fetch still in flight then took would
+    never be processed. The worker's own client, sending each fetch at once,
+    answers them first as well.
     """
     signature = inspect.signature(move)
 
-    @functools.wraps(move)
-    async def moved(*args: Any, **kwargs: Any) -> Any:
+    async def tracked(*args: Any, **kwargs: Any) -> Any:
         given = signature.bind(*args, **kwargs)
         job = given.arguments.get("job")
         job_id = str(given.arguments["job_id"] if job is None else job.id)
@@ -296,6 +319,14 @@ def moving(
             raise
         finally:
             owner.moved(job_id, token, stayed=stayed)
+
+    @functools.wraps(move)
+    async def moved(*args: Any, **kwargs: Any) -> Any:
+        answer = await tracked(*args, **kwargs)
+        fetcher = owner.fetcher
+        if closing() and fetcher is not None:
+            await fetcher.answered()
+        return answer
 
     return moved
 
@@ -396,7 +427,11 @@ def hook_worker(worker: Any, owner: Owner) -> None:
                 name,
             )
             continue
-        setattr(backend, name, moving(owner, move, stays_when=stays_when))
+        setattr(
+            backend,
+            name,
+            moving(owner, move, stays_when=stays_when, closing=lambda: bool(worker.closing)),
+        )
 
 
 #: Longest wait for the manager to stop when the worker closes, in seconds.
