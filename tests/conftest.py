@@ -11,6 +11,7 @@ clocks and timers) live in :mod:`tests.support`.
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -110,3 +111,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if interop in item.path.parents:
             item.add_marker(pytest.mark.interop)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Put what the run holds once its tests are collected out of the collector's way.
+
+    A full collection scans every object the process tracks (the collected
+    modules, hypothesis' strategies, the servers' clients): measured in a run of
+    the unit and integration tests, 50-270 ms with the GIL held, every thread of
+    the process waiting, a manager's timer among them. A short test lock
+    (``TTL`` 400 ms, a watched one trusted 250 ms past a late renewal) must not
+    hang on the size of the test runner. Frozen, those objects are never
+    scanned again: the same run's pauses in the integration tests stay under
+    45 ms.
+    """
+    gc.collect()
+    gc.freeze()
