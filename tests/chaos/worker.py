@@ -52,7 +52,7 @@ from actors.bullmq import use_actor_lock_manager
 from actors.bullmq.runs import monotonic_from_wall
 from tests.bullmq.burn import backtrack, size_for
 from tests.chaos.history import History, now
-from tests.chaos.jobs import busy
+from tests.chaos.jobs import MAX_STEP_MS, busy
 from tests.chaos.store import write_fenced, write_guarded, write_guarded_async
 
 if TYPE_CHECKING:
@@ -435,6 +435,12 @@ async def run_bullmq_worker(ctx: Context) -> None:
         settings["url"], socket_timeout=1, socket_connect_timeout=1
     )
 
+    def read_signal(job: Any, token: str, abort: Any) -> None:
+        """Give the run up if its signal reads aborted (the lock is, or may be, lost)."""
+        if abort.aborted:
+            ctx.record("lost", job, token, reason=str(abort.reason))
+            raise Abandoned(token)
+
     async def process(job: Any, token: str, abort: Any) -> str:
         ctx.record("started", job, token)
         with ctx.guard:
@@ -442,22 +448,25 @@ async def run_bullmq_worker(ctx: Context) -> None:
         job_id, run, fence = str(job.id), ctx.fields(job, token), None
         try:
             for _ in range(int(job.data["steps"])):
+                read_signal(job, token, abort)
                 if fence is None:
                     try:
-                        fence = await actors.fence(aclient, ctx.keys, job_id, token)
+                        # Bounded as a step is: a fault can hold the call for seconds,
+                        # and the job reads its signal between steps.
+                        fence = await asyncio.wait_for(
+                            actors.fence(aclient, ctx.keys, job_id, token), MAX_STEP_MS / 1000
+                        )
                     except (LockLost, LookupError) as lost:
                         ctx.record("lost", job, token, reason=f"fence: {gone(lost)}")
                         raise Abandoned(token) from None
-                    except redis.RedisError:
+                    except (redis.RedisError, asyncio.TimeoutError):
                         pass  # a fault in the way: the next step tries again
                 seconds = int(job.data["step_ms"]) / 1000
                 if job.data["busy"]:
                     busy(seconds)  # blocks the event loop
                 else:
                     await asyncio.sleep(seconds)
-                if abort.aborted:
-                    ctx.record("lost", job, token, reason=str(abort.reason))
-                    raise Abandoned(token)
+            read_signal(job, token, abort)
             failing = int(job.attemptsMade) < int(job.data["fail_first"])
             if not failing:
                 with contextlib.suppress(redis.RedisError):
