@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Fetcher",
+    "InFlight",
     "RunTokens",
     "attempt",
     "hook_worker",
@@ -95,10 +96,59 @@ _MOVES: tuple[tuple[str, object], ...] = (
     ("moveToWaitingChildren", False),
 )
 
-#: What the fetches of the current ``getNextJob`` call took: (job id, token).
-_TAKEN: contextvars.ContextVar[list[tuple[str, str]] | None] = contextvars.ContextVar(
-    "actors_bullmq_taken", default=None
+#: The current ``getNextJob`` call, seen by the fetches it makes.
+_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
+    "actors_bullmq_call", default=None
 )
+
+
+class _Call:
+    """One ``getNextJob`` call: what its fetches took, and whether one was sent."""
+
+    __slots__ = ("ended", "in_flight", "took")
+
+    def __init__(self, in_flight: InFlight) -> None:
+        #: (job id, token) of each job its fetches took.
+        self.took: list[tuple[str, str]] = []
+        #: The calls of the worker whose fetch was sent; this one joins once its own is.
+        self.in_flight = in_flight
+        #: Set when the call returns.
+        self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def sent(self) -> None:
+        """A fetch of this call was sent: it may take a job."""
+        if not self.ended.done():
+            self.in_flight.calls.add(self)
+
+    def end(self) -> None:
+        self.in_flight.calls.discard(self)
+        self.ended.set_result(None)
+
+
+class InFlight:
+    """The worker's ``getNextJob`` calls whose fetch was sent, until each returns.
+
+    bullmq's run loop stops at the first of its tasks to end without a job
+    once the worker closes: a job that a fetch still in flight then takes is
+    never processed, and stays active with a lock nobody renews. A run that
+    ends while the worker closes gracefully waits for these calls first (at
+    most ``bound_s``), so the loop sees their jobs before it sees the run end.
+    The stock worker sends its fetches at once and reads their answers on its
+    loop, ahead of a run's later move; this package's fetch thread sends them in
+    turn, and a loaded machine can answer them later.
+    """
+
+    def __init__(self, bound_s: float) -> None:
+        self.calls: set[_Call] = set()
+        self._bound_s = bound_s
+
+    async def answered(self) -> None:
+        """Wait until the calls in flight now have returned, ``bound_s`` at most."""
+        loop = asyncio.get_running_loop()
+        ending = {call.ended for call in self.calls if call.ended.get_loop() is loop}
+        if ending:
+            await asyncio.wait(ending, timeout=self._bound_s)
+
 
 #: The script that takes a job and its lock.
 _FETCH = "moveToActive"
@@ -132,12 +182,11 @@ class Fetcher:
         self._prefix = owner.keys.key_prefix
         self._source = Source(script.script, _portable_settings(self._client))
         self._in_flight: set[concurrent.futures.Future[tuple[Any, Any]]] = set()
-        #: The same fetches as the worker's loop awaits them, until answered there.
-        self._awaited: set[asyncio.Future[tuple[Any, Any]]] = set()
         #: The takes the child runs for this fetcher, until answered.
         self._taking: set[concurrent.futures.Future[Taken]] = set()
         self._closed = False
-        # One thread: the worker's own client sends one command at a time too.
+        # One thread: fetches are sent in turn (the stock worker sends them at once;
+        # InFlight keeps a close from leaving a late one's job unprocessed).
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"bullmq-fetch-{owner.keys.name}"
         )
@@ -147,31 +196,21 @@ class Fetcher:
         if self._owner.closing:
             # A closing worker takes no more jobs.
             return _NO_JOB
+        call = _CALL.get()
+        if call is not None:
+            call.sent()
         fetch = self._executor.submit(self._fetch, list(keys or ()), list(args or ()))
         self._in_flight.add(fetch)
         fetch.add_done_callback(self._in_flight.discard)
-        awaited = asyncio.wrap_future(fetch)
-        self._awaited.add(awaited)
-        awaited.add_done_callback(self._awaited.discard)
         try:
-            answer, taken = await awaited
+            answer, taken = await asyncio.wrap_future(fetch)
         except asyncio.CancelledError:
             # Nobody will process what it takes: let its lock expire.
             fetch.add_done_callback(self._abandon)
             raise
-        took = _TAKEN.get()
-        if taken is not None and took is not None:
-            took.append(taken)
+        if taken is not None and call is not None:
+            call.took.append(taken)
         return answer
-
-    async def answered(self) -> None:
-        """Wait until every fetch sent so far is answered on the worker's loop.
-
-        Its task is woken before the caller: whatever the caller's task then
-        finishes, the worker's loop sees the fetch's job first.
-        """
-        if self._awaited:
-            await asyncio.wait(set(self._awaited))
 
     def _fetch(self, keys: list[Any], args: list[Any]) -> tuple[Any, tuple[str, str] | None]:
         token = self._token(args)
@@ -280,11 +319,7 @@ def _decoded(reply: Any, decode: Callable[[Any], Any]) -> Any:
 
 
 def moving(
-    owner: Owner,
-    move: Callable[..., Awaitable[Any]],
-    *,
-    stays_when: object = _NEVER,
-    closing: Callable[[], bool] = lambda: False,
+    owner: Owner, move: Callable[..., Awaitable[Any]], *, stays_when: object = _NEVER
 ) -> Callable[..., Awaitable[Any]]:
     """Wrap a backend call that moves an active job away, deleting its lock.
 
@@ -292,16 +327,11 @@ def moving(
     an answer other than ``stays_when`` untracks it. If the move raises, the
     job stays tracked if its lock, read back, holds the run's token or
     cannot be read.
-
-    Once the worker is ``closing``, a move answers only after the fetches
-    sent before it: bullmq's run loop stops at the first of its tasks that
-    ends without a job, and a job that a fetch still in flight then took would
-    never be processed. The worker's own client, sending each fetch at once,
-    answers them first as well.
     """
     signature = inspect.signature(move)
 
-    async def tracked(*args: Any, **kwargs: Any) -> Any:
+    @functools.wraps(move)
+    async def moved(*args: Any, **kwargs: Any) -> Any:
         given = signature.bind(*args, **kwargs)
         job = given.arguments.get("job")
         job_id = str(given.arguments["job_id"] if job is None else job.id)
@@ -319,14 +349,6 @@ def moving(
             raise
         finally:
             owner.moved(job_id, token, stayed=stayed)
-
-    @functools.wraps(move)
-    async def moved(*args: Any, **kwargs: Any) -> Any:
-        answer = await tracked(*args, **kwargs)
-        fetcher = owner.fetcher
-        if closing() and fetcher is not None:
-            await fetcher.answered()
-        return answer
 
     return moved
 
@@ -368,35 +390,58 @@ class RunTokens:
 
 
 def next_job(
-    owner: Owner, get_next_job: Callable[[str], Awaitable[Any]], tokens: RunTokens
+    owner: Owner,
+    get_next_job: Callable[[str], Awaitable[Any]],
+    tokens: RunTokens,
+    in_flight: InFlight,
 ) -> Callable[[str], Awaitable[Any]]:
     """Wrap ``Worker.getNextJob``: a job its fetch took but that is not handed on is let go.
 
     Each fetch of the run loop takes its job with a token of its own (see
-    :class:`RunTokens`); what it took is told through a context variable.
+    :class:`RunTokens`); what it took is told through a context variable, and
+    the call is in ``in_flight`` from its fetch's send until it returns.
     """
 
     @functools.wraps(get_next_job)
     async def fetched(token: str) -> Any:
         token = tokens.own(token)
-        took: list[tuple[str, str]] = []
-        reset = _TAKEN.set(took)
+        call = _Call(in_flight)
+        reset = _CALL.set(call)
         job = None
         try:
             job = await get_next_job(token)
             return job
         finally:
-            _TAKEN.reset(reset)
+            _CALL.reset(reset)
             handed_on = None if job is None else str(job.id)
-            for job_id, taken_with in took:
+            for job_id, taken_with in call.took:
                 if job_id != handed_on:
                     owner.release_unstarted(job_id, taken_with)
+            call.end()
 
     return fetched
 
 
+def processing(
+    worker: Any, process_job: Callable[..., Awaitable[Any]], in_flight: InFlight
+) -> Callable[..., Awaitable[Any]]:
+    """Wrap ``Worker.processJob``: once the worker closes, a run ends after the fetches in flight.
+
+    Not on a forced close, nor when the run is cancelled: see :class:`InFlight`.
+    """
+
+    @functools.wraps(process_job)
+    async def processed(*args: Any, **kwargs: Any) -> Any:
+        result = await process_job(*args, **kwargs)
+        if worker.closing and not worker.forceClosing:
+            await in_flight.answered()
+        return result
+
+    return processed
+
+
 def hook_worker(worker: Any, owner: Owner) -> None:
-    """Wrap the worker's fetch, ``getNextJob`` and its backend's moves, on this worker only."""
+    """Wrap the worker's fetch, ``getNextJob``, ``processJob`` and moves, on this worker only."""
     backend: Any = worker.backend
     scripts: Any = getattr(backend, "scripts", None)
     commands: Any = getattr(scripts, "commands", None)
@@ -416,7 +461,9 @@ def hook_worker(worker: Any, owner: Owner) -> None:
         owner.fetcher = fetcher
         # A copy: the dict belongs to the connection, which other queues may share.
         scripts.commands = {**commands, _FETCH: fetcher.run}
-    worker.getNextJob = next_job(owner, worker.getNextJob, RunTokens(worker.id))
+    in_flight = InFlight(owner.lock_duration / 1000)
+    worker.getNextJob = next_job(owner, worker.getNextJob, RunTokens(worker.id), in_flight)
+    worker.processJob = processing(worker, worker.processJob, in_flight)
     for name, stays_when in _MOVES:
         move = getattr(backend, name, None)
         parameters = set(inspect.signature(move).parameters) if callable(move) else set()
@@ -427,11 +474,7 @@ def hook_worker(worker: Any, owner: Owner) -> None:
                 name,
             )
             continue
-        setattr(
-            backend,
-            name,
-            moving(owner, move, stays_when=stays_when, closing=lambda: bool(worker.closing)),
-        )
+        setattr(backend, name, moving(owner, move, stays_when=stays_when))
 
 
 #: Longest wait for the manager to stop when the worker closes, in seconds.
