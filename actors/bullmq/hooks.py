@@ -40,8 +40,11 @@ __all__ = [
     "attempt",
     "hook_worker",
     "must_wait",
+    "next_job",
     "off_the_loop",
+    "processing",
     "renewal_client",
+    "sending",
     "stopper",
 ]
 
@@ -125,6 +128,14 @@ class _Call:
         self.ended.set_result(None)
 
 
+def sending() -> _Call | None:
+    """Mark the current ``getNextJob`` call (if any) as sending a fetch; return it."""
+    call = _CALL.get()
+    if call is not None:
+        call.sent()
+    return call
+
+
 class InFlight:
     """The worker's ``getNextJob`` calls whose fetch was sent, until each returns.
 
@@ -196,9 +207,7 @@ class Fetcher:
         if self._owner.closing:
             # A closing worker takes no more jobs.
             return _NO_JOB
-        call = _CALL.get()
-        if call is not None:
-            call.sent()
+        call = sending()
         fetch = self._executor.submit(self._fetch, list(keys or ()), list(args or ()))
         self._in_flight.add(fetch)
         fetch.add_done_callback(self._in_flight.discard)
