@@ -120,8 +120,7 @@ class _Call:
 
     def sent(self) -> None:
         """A fetch of this call was sent: it may take a job."""
-        if not self.ended.done():
-            self.in_flight.calls.add(self)
+        self.in_flight.calls.add(self)
 
     def end(self) -> None:
         self.in_flight.calls.discard(self)

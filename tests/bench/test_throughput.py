@@ -85,10 +85,8 @@ WAIT_JOBS = int(os.environ.get("THROUGHPUT_WAIT_JOBS", "500"))
 ADD_RATE = 200.0
 #: The contenders, in the table's order.
 CONTENDERS = tuple(ISOLATIONS)
-#: Least median ratio of thread mode's jobs/s to the stock worker's, per concurrency.
-THREAD_RATIO = 0.95
-#: Least median ratio of process mode's jobs/s to the stock worker's, per concurrency.
-PROCESS_RATIO = 0.85
+#: Least median ratio of each mode's jobs/s to the stock worker's, per concurrency.
+TARGETS = {"thread": 0.95, "process": 0.85}
 #: The project's root, where ``python -m tests.bench.throughput`` runs.
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -237,14 +235,13 @@ def test_worker_throughput_stock_thread_and_process(
         stock = [run.rate for run in by_name["stock"]]
         ratios[concurrency] = {
             name: [run.rate / base for run, base in zip(by_name[name], stock, strict=True)]
-            for name in ("thread", "process")
+            for name in TARGETS
         }
         rows.append(
             [
                 str(concurrency),
                 *(f"{statistics.median(run.rate for run in by_name[n]):,.0f}" for n in CONTENDERS),
-                _ratio(ratios[concurrency]["thread"]),
-                _ratio(ratios[concurrency]["process"]),
+                *(_ratio(ratios[concurrency][name]) for name in TARGETS),
                 *(_waits(by_name[name]) for name in CONTENDERS),
             ]
         )
@@ -280,23 +277,16 @@ def test_worker_throughput_stock_thread_and_process(
         + f". The runs took {took:,.0f} s.\n"
         + "".join(f"\n- {problem}" for problem in problems)
     )
-    passed = []
-    for concurrency in CONCURRENCIES:
-        passed += [
-            report.check(
-                f"concurrency {concurrency}: thread-mode jobs/s / stock worker's",
-                statistics.median(ratios[concurrency]["thread"]),
-                THREAD_RATIO,
-                "x",
-                at_most=False,
-            ),
-            report.check(
-                f"concurrency {concurrency}: process-mode jobs/s / stock worker's",
-                statistics.median(ratios[concurrency]["process"]),
-                PROCESS_RATIO,
-                "x",
-                at_most=False,
-            ),
-        ]
+    passed = [
+        report.check(
+            f"concurrency {concurrency}: {name}-mode jobs/s / stock worker's",
+            statistics.median(ratios[concurrency][name]),
+            target,
+            "x",
+            at_most=False,
+        )
+        for concurrency in CONCURRENCIES
+        for name, target in TARGETS.items()
+    ]
     assert not problems, "a run went wrong: " + "; ".join(problems)
     assert all(passed), "the integration slows the worker down: see the report"

@@ -29,13 +29,10 @@ class Worker:
 
 
 class Owner:
-    """Records the jobs a fetch took but did not hand on."""
-
-    def __init__(self) -> None:
-        self.let_go: list[tuple[str, str]] = []
+    """The lock manager's side of the ``getNextJob`` wrapper: these fetches take no lock."""
 
     def release_unstarted(self, job_id: str, token: str) -> None:
-        self.let_go.append((job_id, token))
+        """A job fetched but not handed on is let go (none here)."""
 
 
 class Job:
