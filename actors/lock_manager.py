@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import queue
 import threading
 import time
@@ -36,7 +37,7 @@ import actors.messages as m
 from actors.books import Books, Report
 from actors.keys import QueueKeys
 from actors.messages import MANAGER_STOPPED, BatchOutcome, ChunkError, LockLost
-from actors.ref import ManagerRef, ManagerStopped
+from actors.ref import ManagerRef, ManagerStopped, Outbox, Posted, Reply
 from actors.report import Reporter
 from actors.scripts import DEFAULT_MAX_BATCH, RedisRenewer
 from actors.telemetry import Log, span_facts, tick_span
@@ -114,8 +115,11 @@ class Landed:
 #: Most seconds a closing mailbox waits for the puts already begun.
 CLOSE_WAIT_S: Final = 1.0
 
-#: Put in the mailbox's queue for a message that jumped it: wakes a waiting ``get``.
-_JUMPED: Final = object()
+#: Put in the mailbox's queue to wake a waiting ``get``: the messages are in its deques.
+_WAKE: Final = object()
+
+#: Most messages put without a wake before one wakes the manager all the same.
+QUIET_MAX: Final = 256
 
 
 class TicksFirst:
@@ -125,17 +129,25 @@ class TicksFirst:
     by the jump (tracks carry their caller's time; an untrack that must not
     race a tick waits), and nobody else can send what jumps: the reference refuses it.
 
+    A message put with ``wake=False`` (see :meth:`ManagerRef.tell`) waits,
+    with ``quiet``, for the next message the manager gets (its timer ticks
+    every interval) and is read before it: nothing jumps it. Without
+    ``quiet`` it is put as any other.
+
     pykka's mailbox protocol (``put``, ``get``, ``empty``), read by the
-    manager's thread alone. Built on ``queue.SimpleQueue`` (C, no condition
-    variable), and a sender takes no lock: a lock shared by many callers
-    stalls them all behind whichever one the interpreter switched out while
-    it held it (eight callers told three times slower). ``queue.Queue`` takes
-    a condition's lock on both sides of every message.
+    manager's thread alone. The messages wait in deques (appends and pops
+    are atomic), numbered in the order put, and a ``queue.SimpleQueue`` (C,
+    no condition variable) only wakes the reader: a sender takes no lock. A
+    lock shared by many callers stalls them all behind whichever one the
+    interpreter switched out while it held it (eight callers told three times
+    slower).
     """
 
-    def __init__(self, urgent: tuple[type, ...] = ()) -> None:
+    def __init__(self, urgent: tuple[type, ...] = (), *, quiet: bool = False) -> None:
         #: The manager's own messages, which jump the queue.
         self.urgent = urgent or (Fired, Landed)
+        #: Whether a message put with ``wake=False`` waits for the next one.
+        self.quiet = quiet
         #: The envelope taken last: an ask whose answer comes later takes its reply.
         self.current: Any = None
         #: Set as the manager begins to stop: a message is then either in
@@ -148,14 +160,24 @@ class TicksFirst:
         #: Set when :meth:`close` stopped waiting for a sender still putting:
         #: whatever that sender puts is read by nobody, so it is refused.
         self._late = False
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        #: The messages that jumped the queue (each with a :data:`_JUMPED` in it).
-        self._first: collections.deque[Any] = collections.deque()
-        #: The oldest tell, taken out of the queue by :meth:`empty` to look: the next after a jump.
-        self._held: collections.deque[Any] = collections.deque()
+        self._wake: queue.SimpleQueue[object] = queue.SimpleQueue()
+        #: Numbers the messages as they are put (``next`` on it is atomic).
+        self._numbers = itertools.count()
+        #: The number of the message put last.
+        self.last = -1
+        #: (number, envelope) of the messages that jump the line.
+        self._first: collections.deque[tuple[int, Any]] = collections.deque()
+        #: (number, envelope) of every other message put with a wake.
+        self._line: collections.deque[tuple[int, Any]] = collections.deque()
+        #: (number, envelope) of the messages put without one.
+        self._quiet: collections.deque[tuple[int, Any]] = collections.deque()
 
     def put(self, item: Any, /) -> None:
-        """Add an envelope; the manager's own messages go before every other.
+        """Add an envelope (pykka's mailbox protocol): see :meth:`post`."""
+        self.post(item)
+
+    def post(self, item: Any, /, *, wake: bool = True) -> int:
+        """Add an envelope, the manager's own messages before every other; return its number.
 
         Raises:
             pykka.ActorDeadError: The manager is stopping.
@@ -165,15 +187,30 @@ class TicksFirst:
         try:
             if self.closed:
                 raise pykka.ActorDeadError("the manager is stopping")
+            numbered = (next(self._numbers), item)
             if type(item.message) in self.urgent:
-                self._first.append(item)
-                item = _JUMPED
-            self._queue.put(item)
+                self._first.append(numbered)
+                wake = True
+            elif wake or not self.quiet:
+                self._line.append(numbered)
+                wake = True
+            else:
+                quiet = self._quiet
+                quiet.append(numbered)
+                wake = len(quiet) >= QUIET_MAX
+            self.last = numbered[0]
+            if wake:
+                self._wake.put(_WAKE)
         finally:
             putting.pop()
         if self._late:
             # In after the manager's last look at its mailbox: never read.
             raise pykka.ActorDeadError("the manager is stopping")
+        return numbered[0]
+
+    def wake(self) -> None:
+        """Wake the reader: what was put without a wake is read now."""
+        self._wake.put(_WAKE)
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         """Take the next envelope, waiting for one unless ``block`` is false.
@@ -182,16 +219,26 @@ class TicksFirst:
             queue.Empty: Nothing came (``block`` false, or ``timeout`` passed).
         """
         while True:
-            if self._first:
-                item = self._first.popleft()
-            elif self._held:
-                item = self._held.popleft()
-            else:
-                item = self._queue.get(block, timeout)
-                if item is _JUMPED:
-                    continue  # its message was taken already
-            self.current = item
-            return item
+            item = self._next()
+            if item is not None:
+                self.current = item
+                return item
+            # A wake left by a message taken already only brings us back here.
+            self._wake.get(block, timeout)
+
+    def _next(self) -> Any:
+        """The next envelope: the oldest quiet one before what jumps, else as ``put`` says."""
+        first, line, quiet = self._first, self._line, self._quiet
+        if quiet:
+            number = quiet[0][0]
+            if not first or number < first[0][0]:
+                # Read before what was put after it, and after the line put before it.
+                return (line if line and line[0][0] < number else quiet).popleft()[1]
+        if first:
+            return first.popleft()[1]
+        if line:
+            return line.popleft()[1]
+        return None
 
     def get_nowait(self) -> Any:
         """Take the next envelope.
@@ -203,20 +250,7 @@ class TicksFirst:
 
     def empty(self) -> bool:
         """Whether no envelope is waiting (on the manager's thread, as ``get``)."""
-        if self._first or self._held:
-            return False
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                # A jump is in _first before its marker is put: none is missed here.
-                return not self._first
-            if item is not _JUMPED:
-                # The oldest tell: taken next, unless a jump comes first.
-                self._held.append(item)
-                return False
-            if self._first:
-                return False
+        return not (self._first or self._line or self._quiet)
 
     def close(self) -> None:
         """Refuse every message from now on; return once every put begun before is in."""
@@ -386,8 +420,8 @@ class LockManager(pykka.ThreadingActor):
 
     @staticmethod
     def _create_actor_inbox() -> TicksFirst:
-        # pykka's hook for an actor type's mailbox.
-        return TicksFirst()
+        # pykka's hook for an actor type's mailbox; the timer's grid reads the quiet tells.
+        return TicksFirst(quiet=True)
 
     def __init__(
         self,
@@ -566,6 +600,10 @@ class LockManager(pykka.ThreadingActor):
         """Return ``None``: this manager renews from the worker, which runs such a script itself."""
         return None
 
+    def outbox(self) -> Outbox:
+        """Return a new :class:`Outbox` of this manager (thread-safe)."""
+        return Outbox(self._mailbox, self.clock)
+
     # -- life -----------------------------------------------------------------------
 
     def _start_threads(self) -> None:
@@ -634,11 +672,17 @@ class LockManager(pykka.ThreadingActor):
             except queue.Empty:
                 return asks
             message = envelope.message
-            if type(message) is m.TrackJob and message.notify is not None:
-                target, job_id, token = message.notify, message.job_id, message.token
-                if (id(target), job_id) not in told and not lost.was_told(job_id, token, target):
-                    told.add((id(target), job_id))
-                    report.tells.append((target, LockLost(job_id, token, MANAGER_STOPPED)))
+            posted = message.take() if type(message) is Posted else [(message, None)]
+            for item, reply in posted:
+                if reply is not None:
+                    reply.value = None
+                if type(item) is m.TrackJob and item.notify is not None:
+                    target, job_id, token = item.notify, item.job_id, item.token
+                    if (id(target), job_id) not in told and not lost.was_told(
+                        job_id, token, target
+                    ):
+                        told.add((id(target), job_id))
+                        report.tells.append((target, LockLost(job_id, token, MANAGER_STOPPED)))
             if envelope.reply_to is None:
                 continue
             if type(message) is _ActorStop:
@@ -726,6 +770,26 @@ class LockManager(pykka.ThreadingActor):
     def _on_untrack(self, message: m.UntrackJob) -> None:
         """``handle_cast({:untrack_job, job_id})``: end the caller's claims."""
         self._books.jobs.untrack(message.job_id, message.token, message.notify)
+
+    def _on_posted(self, message: Posted) -> None:
+        """An outbox's tracks and untracks, in order, each answered in its reply.
+
+        The messages of a job this manager does not track, which one claim
+        tracks and then untracks, change nothing: they are skipped.
+        """
+        items = message.take()
+        books = self._books
+        skipped = _passing(
+            items,
+            lambda job_id, token: (
+                job_id not in books.jobs and not (books.lost and books.lost.get(job_id, token))
+            ),
+        )
+        for item, reply in items:
+            if item.job_id in skipped:
+                reply.value = None
+            else:
+                reply.value = self.on_receive(item)
 
     # -- the tick -------------------------------------------------------------------
 
@@ -915,6 +979,7 @@ class LockManager(pykka.ThreadingActor):
     _handlers: ClassVar[dict[type, Callable[[Any, Any], Any]]] = {
         m.TrackJob: _on_track,
         m.UntrackJob: _on_untrack,
+        Posted: _on_posted,
         # The queries' handlers are their proxy doors.
         m.GetActiveJobCount: lambda self, _: self.get_active_job_count(),
         m.GetTrackedJobIds: lambda self, _: self.get_tracked_job_ids(),
@@ -923,6 +988,37 @@ class LockManager(pykka.ThreadingActor):
         m.ExtendLocks: _on_extend,
         Fired: _on_fired,
         Landed: _on_landed,
+    }
+
+
+def _passing(
+    items: list[tuple[m.TrackJob | m.UntrackJob, Reply]], unknown: Callable[[str, str], bool]
+) -> set[str]:
+    """The jobs whose messages among ``items`` change nothing.
+
+    One claim (a token and a target) tracks the job first and untracks it
+    last, no other message names it, and the books know nothing of the job
+    and token (``unknown``): a claim made and ended, with nobody to tell.
+    """
+    claims: dict[str, tuple[str, int] | None] = {}
+    last: dict[str, bool] = {}
+    for item, _ in items:
+        job_id = item.job_id
+        if type(item) is m.TrackJob:
+            claim = (item.token, id(item.notify))
+            if job_id not in claims:
+                claims[job_id] = claim if item.notify is not None else None
+            elif claims[job_id] != claim:
+                claims[job_id] = None
+            last[job_id] = False
+        else:
+            if claims.get(job_id) != (item.token, id(item.notify)):
+                claims[job_id] = None
+            last[job_id] = True
+    return {
+        job_id
+        for job_id, claim in claims.items()
+        if claim is not None and last[job_id] and unknown(job_id, claim[0])
     }
 
 

@@ -6,6 +6,7 @@ Also the client its locks are renewed with, and what its close waits for and sto
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import contextvars
@@ -13,7 +14,9 @@ import functools
 import inspect
 import logging
 import pickle
+import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Fetcher",
     "InFlight",
+    "Lane",
     "RunTokens",
     "attempt",
     "hook_worker",
@@ -173,11 +177,14 @@ _CUT_S = 0.05
 
 
 class Fetcher:
-    """bullmq's ``moveToActive`` script, run on a thread that tracks the job it takes.
+    """bullmq's ``moveToActive`` script, answered off the loop and tracked as it is read.
 
-    The same script and arguments, through a synchronous copy of the worker's
-    client: never retried (a second run would take a second job), awaited as
-    long as it takes, and decoded as the worker's client would. In process
+    The same script and arguments, through synchronous copies of the worker's
+    connection: never retried (a second run would take a second job), awaited
+    as long as it takes, and decoded as the worker's client would. In thread
+    mode the loop sends each fetch on a :class:`Lane` of its own, whose thread
+    reads the answer and tracks the job it took, whatever the loop does
+    meanwhile; fetches run side by side, as the stock worker's do. In process
     mode the manager's child runs it (with a copy of that client of its own)
     and tracks the job before it answers: the lock is renewed from the moment
     the server answers, whatever holds the worker's GIL.
@@ -195,21 +202,25 @@ class Fetcher:
         #: The takes the child runs for this fetcher, until answered.
         self._taking: set[concurrent.futures.Future[Taken]] = set()
         self._closed = False
-        # One thread: fetches are sent in turn (the stock worker sends them at once;
-        # InFlight keeps a close from leaving a late one's job unprocessed).
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=f"bullmq-fetch-{owner.keys.name}"
-        )
+        #: Every lane made, and the ones no fetch is using (thread mode).
+        self._lanes: list[Lane] = []
+        self._idle: list[Lane] = []
+        #: Where a fetch of process mode waits for the child's answer (made on first use).
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     async def run(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
         """Run the script as the worker's own client would, from the worker's loop."""
-        if self._owner.closing:
+        if self._owner.closing or self._closed:
             # A closing worker takes no more jobs.
             return _NO_JOB
         call = sending()
-        fetch = self._executor.submit(self._fetch, list(keys or ()), list(args or ()))
-        self._in_flight.add(fetch)
-        fetch.add_done_callback(self._in_flight.discard)
+        keys, args = list(keys or ()), list(args or ())
+        token = self._token(args)
+        taker = None if token is None else self._owner.taker()
+        if taker is not None and token is not None:
+            fetch = self._run_taker(taker, keys, args, token)
+        else:
+            fetch = self._lane().send(keys, args, token)
         try:
             answer, taken = await asyncio.wrap_future(fetch)
         except asyncio.CancelledError:
@@ -220,18 +231,45 @@ class Fetcher:
             call.took.append(taken)
         return answer
 
-    def _fetch(self, keys: list[Any], args: list[Any]) -> tuple[Any, tuple[str, str] | None]:
-        token = self._token(args)
-        taker = None if token is None else self._owner.taker()
-        if taker is not None and token is not None:
-            return self._take(taker, keys, args, token)
-        sent_ms, sent_wall_ms = monotonic_ms(), time.time_ns() // 1_000_000
-        answer = _decoded(self._script(keys=keys, args=args), self._decode)
+    def _lane(self) -> Lane:
+        """An idle lane, or a new one (each fetch in flight has its own)."""
+        while self._idle:
+            lane = self._idle.pop()
+            if lane.usable():
+                return lane
+        lane = Lane(self, f"bullmq-fetch-{self._owner.keys.name}-{len(self._lanes)}")
+        self._lanes = [*(each for each in self._lanes if each.usable()), lane]
+        return lane
+
+    def idle(self, lane: Lane) -> None:
+        """``lane``'s fetch was answered: the next fetch may use it (on the loop)."""
+        if not self._closed and lane.usable():
+            self._idle.append(lane)
+
+    def answered(self, reply: Any, token: str | None, sent: tuple[int, int]) -> tuple[Any, Any]:
+        """Decode a fetch's reply and track the job it took; on the thread that read it."""
+        answer = _decoded(reply, self._decode)
         taken = None
         if token is not None and isinstance(answer, list) and len(answer) > 1 and answer[1]:
             taken = (str(answer[1]), token)
-            self._owner.taken(*taken, sent_ms, sent_wall_ms)
+            self._owner.taken(*taken, *sent)
         return answer, taken
+
+    def _run_taker(
+        self,
+        taker: Callable[..., concurrent.futures.Future[Taken]],
+        keys: list[Any],
+        args: list[Any],
+        token: str,
+    ) -> concurrent.futures.Future[tuple[Any, Any]]:
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"bullmq-fetch-{self._owner.keys.name}"
+            )
+        fetch = self._executor.submit(self._take, taker, keys, args, token)
+        self._in_flight.add(fetch)
+        fetch.add_done_callback(self._in_flight.discard)
+        return fetch
 
     def _take(
         self,
@@ -291,12 +329,27 @@ class Fetcher:
             if taken is not None:
                 self._owner.abandoned(*taken)
 
+    @property
+    def script(self) -> Any:
+        """The registered script: its ``sha`` and its ``script``."""
+        return self._script
+
+    @property
+    def client(self) -> redis.Redis:
+        """The synchronous copy of the worker's client whose pool makes the lanes' connections."""
+        return self._client
+
     def close(self) -> None:
-        """End the fetch thread: a fetch still waiting on the server is cut off."""
+        """End the fetch threads: a fetch still waiting on the server is cut off."""
         self._closed = True
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._idle.clear()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
         for take in list(self._taking):
             take.cancel()
+        lanes = list(self._lanes)
+        for lane in lanes:
+            lane.cut()
         deadline = time.monotonic() + _JOIN_S
         while True:
             # Closing the sockets ends a read that waits on a paused or hung server.
@@ -305,9 +358,155 @@ class Fetcher:
             if not pending or time.monotonic() > deadline:
                 break
             concurrent.futures.wait(pending, timeout=_CUT_S)
-        if not pending:
+        for lane in lanes:
+            lane.join(max(0.0, deadline - time.monotonic()))
+        if not pending and self._executor is not None:
             self._executor.shutdown(wait=True)
         self._client.close()
+
+
+class Lane:
+    """A connection of its own for one fetch at a time, and the thread that reads its answers.
+
+    The loop sends the fetch itself (a few hundred bytes, into the socket's
+    buffer) and the lane's thread, already waiting on the socket, reads the
+    answer the moment it comes: it tracks the job it took before the loop
+    hears of it. A thread switch on each side would cost a small job a fifth
+    of its time; the loop's send costs nothing it would not do anyway.
+
+    The first fetch of a lane is sent by its thread once connected: the loop
+    never connects. A lane whose connection fails is dropped (its fetch
+    raises ``ConnectionError`` and is never sent again).
+    """
+
+    def __init__(self, fetcher: Fetcher, name: str) -> None:
+        self._fetcher = fetcher
+        self._conn: Any = fetcher.client.connection_pool.make_connection()
+        #: Held to send, and to give the connection up: a send never meets a closed socket.
+        self._lock = threading.Lock()
+        #: The fetch sent, or to send: (future, loop, keys, args, token, sent times).
+        self._waiting: collections.deque[_Sent] = collections.deque()
+        self._connected = False
+        self._dead = False
+        self._thread = threading.Thread(target=self._read, name=name, daemon=True)
+
+    def usable(self) -> bool:
+        """Whether the lane can take a fetch."""
+        return not self._dead
+
+    def send(
+        self, keys: list[Any], args: list[Any], token: str | None
+    ) -> concurrent.futures.Future[tuple[Any, Any]]:
+        """Send a fetch (on the loop); the future is set on the lane's thread."""
+        future: concurrent.futures.Future[tuple[Any, Any]] = concurrent.futures.Future()
+        # Running: a cancel then leaves the answer to be read, and a job it took let go.
+        future.set_running_or_notify_cancel()
+        sent = _Sent(future, keys, args, token, _now())
+        with self._lock:
+            if self._dead:
+                future.set_exception(redis.ConnectionError("the fetch's connection was closed"))
+                return future
+            self._waiting.append(sent)
+            if not self._connected:
+                if not self._thread.is_alive():
+                    self._thread.start()
+                return future
+            try:
+                self._send(sent)
+            except BaseException as error:
+                self._die(error)
+        return future
+
+    def _send(self, sent: _Sent, command: str = "EVALSHA") -> None:
+        script = self._fetcher.script
+        body = script.sha if command == "EVALSHA" else script.script
+        keys, args = sent.keys, sent.args
+        packed = self._conn.pack_command(command, body, len(keys), *keys, *args)
+        self._conn.send_packed_command(packed, check_health=False)
+
+    def _read(self) -> None:
+        try:
+            self._conn.connect()
+            with self._lock:
+                if self._dead:
+                    # Cut while it connected: the connection is given up, unused.
+                    self._conn.disconnect()
+                    return
+                self._connected = True
+                if self._waiting:
+                    # Sent here: the loop never waits for a connect. The lock is
+                    # taken after this send, not the loop's: the connect may be slow.
+                    first = self._waiting[0]
+                    first.sent = _now()
+                    self._send(first)
+            while True:
+                reply = self._reply()
+                if not self._waiting:
+                    raise redis.ConnectionError("an answer came for no fetch")
+                sent = self._waiting[0]
+                if isinstance(reply, redis.exceptions.NoScriptError):
+                    # Not run: run the script itself (the server then keeps it).
+                    self._send(sent, "EVAL")
+                    reply = self._reply()
+                self._waiting.popleft()
+                try:
+                    if isinstance(reply, BaseException):
+                        raise reply
+                    answer = self._fetcher.answered(reply, sent.token, sent.sent)
+                except BaseException as error:
+                    sent.future.set_exception(error)
+                else:
+                    sent.future.set_result(answer)
+                self._fetcher.idle(self)
+        except BaseException as error:
+            with self._lock:
+                self._die(error)
+
+    def _reply(self) -> Any:
+        try:
+            return self._conn.read_response(disconnect_on_error=False)
+        except redis.ResponseError as error:
+            return error  # the server's answer: the connection is fine
+
+    def _die(self, error: BaseException) -> None:
+        """Give the connection up and fail what waits on it; with the lock held."""
+        self._dead = True
+        with contextlib.suppress(Exception):
+            self._conn.disconnect()
+        failure = error
+        if not isinstance(error, redis.RedisError):
+            failure = redis.ConnectionError(f"the fetch's connection failed: {error!r}")
+        while self._waiting:
+            sent = self._waiting.popleft()
+            if not sent.future.done():
+                sent.future.set_exception(failure)
+
+    def cut(self) -> None:
+        """End the lane: a read waiting on the server ends, and its fetch fails."""
+        with self._lock:
+            self._die(redis.ConnectionError("the worker closed during the fetch"))
+
+    def join(self, timeout: float) -> None:
+        """Wait for the lane's thread to end, ``timeout`` seconds at most."""
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+
+def _now() -> tuple[int, int]:
+    """(monotonic ms, wall ms) now."""
+    return monotonic_ms(), time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class _Sent:
+    """A fetch on a lane: what it sent, when, and who waits for its answer."""
+
+    future: concurrent.futures.Future[tuple[Any, Any]]
+    keys: list[Any]
+    args: list[Any]
+    token: str | None
+    #: (monotonic ms, wall ms) of the send: the lock was taken after both.
+    sent: tuple[int, int]
 
 
 def _portable_settings(client: redis.Redis) -> dict[str, Any] | None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pykka
 
 from actors.aio import call_in_loop
-from actors.api import start_link, untrack_job
+from actors.api import start_link
 from actors.bullmq.hooks import attempt, must_wait, off_the_loop, renewal_client, stopper
 from actors.bullmq.runs import (
     LOCK_LOST,
@@ -24,7 +24,7 @@ from actors.bullmq.runs import (
     monotonic_from_wall,
 )
 from actors.keys import QueueKeys
-from actors.messages import LockLost, TrackJob
+from actors.messages import LockLost, TrackJob, UntrackJob
 from actors.ref import ManagerStopped
 from actors.report import TellsInBatches
 from actors.scripts import DEFAULT_MAX_BATCH, lock_holds
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from actors.bullmq.runs import LockSignal
     from actors.messages import LostLock
     from actors.process.take import Taken
-    from actors.ref import ManagerRef
+    from actors.ref import ManagerRef, Outbox
 
 __all__ = ["LOCK_LOST", "ActorLockManager"]
 
@@ -113,6 +113,8 @@ class ActorLockManager(TellsInBatches):
         self._isolation = isolation
         #: The running manager: ``None`` before :meth:`start`, once closed, and with renewal off.
         self.manager: ManagerRef | None = None
+        #: Where the runs' tracks and untracks go to the manager, in one go per tick.
+        self._outbox: Outbox | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: concurrent.futures.ThreadPoolExecutor | None = None
         #: Each run's signal, by ``(job_id, token)``: a teller thread marks it lost at once.
@@ -167,6 +169,7 @@ class ActorLockManager(TellsInBatches):
             isolation=self._isolation,
         )
         self._span = self.manager.trusted_for()
+        self._outbox = self.manager.outbox()
         # Jobs tracked before the start are renewed from now on.
         for job_id, run in list(self._runs.items()):
             trust = self._trust(monotonic_from_wall(run.wall_ms))
@@ -295,6 +298,7 @@ class ActorLockManager(TellsInBatches):
         self._signals.clear()
         fetcher, self.fetcher = self.fetcher, None
         manager, self.manager = self.manager, None
+        self._outbox = None
         reader, self._reader = self._reader, None
         conn = self.connection if self._owns_connection else None
         return stopper(self._keys.name, manager, fetcher, reader, conn)
@@ -318,6 +322,11 @@ class ActorLockManager(TellsInBatches):
             return
         message = TrackJob(job_id, token, trust.taken_ms, self)
         with contextlib.suppress(ManagerStopped):
+            if not wait and self._outbox is not None:
+                # Read with the manager's next message or tick: the run trusts the
+                # taking's deadline until then (see Trust), and the track its time.
+                trust.reply = self._outbox.put(message)
+                return
             trust.answer = answer = manager.ask(message, block=False)
             if wait:
                 with contextlib.suppress(pykka.Timeout):  # tracked all the same, a little later
@@ -325,8 +334,9 @@ class ActorLockManager(TellsInBatches):
 
     def _untrack(self, job_id: str, token: str) -> None:
         self._signals.pop((job_id, token), None)
-        if self.manager is not None:
-            untrack_job(self.manager, job_id, token=token, notify=self)
+        if self._outbox is not None:
+            with contextlib.suppress(ManagerStopped):
+                self._outbox.put(UntrackJob(job_id, token, self))
 
     def tell(self, message: object) -> None:
         """Hear of a lost lock from the manager, as every job's ``notify`` target."""
@@ -409,10 +419,11 @@ class ActorLockManager(TellsInBatches):
         self._runs.moved(job_id, token, stayed=stayed)
 
     def _releasing(self, job_id: str, token: str, releasing: bool) -> None:
-        manager = self.manager
-        if manager is not None:
+        manager, outbox = self.manager, self._outbox
+        if manager is not None and outbox is not None:
+            message = TrackJob(job_id, token, manager.clock(), self, releasing=releasing)
             with contextlib.suppress(ManagerStopped):
-                manager.tell(TrackJob(job_id, token, notify=self, releasing=releasing))
+                outbox.put(message)
 
     def release(self, job_id: str, token: str) -> None:
         """Untrack the run holding ``token``, if it is still the job's run."""

@@ -17,11 +17,15 @@ from bullmq.abort_controller import AbortController, AbortError, AbortSignal
 
 from actors.jobs import Validity
 from actors.messages import UNCONFIRMED
+from actors.ref import UNREAD
 from actors.timing import monotonic_ms
 
 if TYPE_CHECKING:
     import asyncio
     from collections.abc import Callable, Iterable
+
+    from actors.ref import Reply
+
 
 __all__ = [
     "LOCK_LOST",
@@ -63,7 +67,7 @@ class Trust:
     attribute reads, no lock, no wait.
     """
 
-    __slots__ = ("answer", "clock", "span", "taken_ms", "validity")
+    __slots__ = ("answer", "clock", "reply", "span", "taken_ms", "validity")
 
     def __init__(self, taken_ms: int, span: int, clock: Callable[[], int] = monotonic_ms) -> None:
         #: When the lock was taken (the fetch's send), in the manager's monotonic ms.
@@ -74,12 +78,19 @@ class Trust:
         self.clock = clock
         #: The manager's answer to the track, once asked (a pykka future).
         self.answer: pykka.Future[Any] | None = None
+        #: Where the manager answers the track, if it went through an outbox.
+        self.reply: Reply | None = None
         #: The lock's validity as the manager keeps it, once it has answered.
         self.validity: Validity | None = None
 
     @property
     def deadline(self) -> int:
         """Monotonic ms past which the lock may be gone at the server."""
+        reply = self.reply
+        if reply is not None and reply.value is not UNREAD:
+            self.reply = None
+            if isinstance(reply.value, Validity):
+                self.validity = reply.value
         answer = self.answer
         if answer is not None and self.validity is None:
             try:

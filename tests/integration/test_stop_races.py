@@ -49,7 +49,7 @@ KEYS = QueueKeys("stop")
 
 
 def _held_at_the_mailbox(holding: threading.Event, release: threading.Event) -> Any:
-    """A trace function that holds a thread just before pykka puts its message in the mailbox.
+    """A trace function that holds a thread just before it puts its message in the mailbox.
 
     As a preemption at the worst moment would: the manager may stop meanwhile.
     It sets ``holding`` once there, and goes on when ``release`` is set.
@@ -61,7 +61,7 @@ def _held_at_the_mailbox(holding: threading.Event, release: threading.Event) -> 
         caller = frame.f_back
         if (
             event == "call"
-            and frame.f_code.co_name == "put"
+            and frame.f_code.co_name in ("put", "post")
             and caller is not None
             and caller.f_code.co_filename.endswith(ref_modules)
         ):

@@ -300,7 +300,7 @@ def test_an_ask_held_up_in_the_mailbox_past_the_stop_s_wait_is_refused_not_left_
         clock=ManualClock(),
         timer=manual_timer(),
     )
-    put = TicksFirst.put.__code__
+    put = TicksFirst.post.__code__
     held_up = threading.Event()
     outcome: list[object] = []
 
@@ -309,7 +309,7 @@ def test_an_ask_held_up_in_the_mailbox_past_the_stop_s_wait_is_refused_not_left_
             return None
 
         def line(frame: FrameType, event: str, arg: object) -> Any:
-            if event == "line" and "self._queue.put(item)" in linecache.getline(
+            if event == "line" and "self._line.append(numbered)" in linecache.getline(
                 frame.f_code.co_filename, frame.f_lineno
             ):
                 held_up.set()

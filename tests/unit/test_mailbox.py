@@ -1,4 +1,4 @@
-"""The manager's mailbox: in order but for the manager's own messages; exact as it closes."""
+"""The mailbox: in order but for the manager's own messages and quiet tells; exact as it closes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from pykka._envelope import Envelope
 
 from actors import TrackJob, UntrackJob
-from actors.lock_manager import Fired, TicksFirst
+from actors.lock_manager import QUIET_MAX, Fired, TicksFirst
 
 #: Longest wait for another thread, in seconds.
 WAIT_S = 10.0
@@ -138,3 +138,78 @@ def test_a_look_at_the_mailbox_keeps_the_jumps_first() -> None:
     mailbox.put(fire(1))
 
     assert drain(mailbox) == [Fired(1), UntrackJob("a"), UntrackJob("b")]
+
+
+# -- messages put without a wake ------------------------------------------------------
+
+
+def test_a_quiet_message_wakes_no_reader_until_the_next_message_comes() -> None:
+    mailbox = TicksFirst(quiet=True)
+    taken: list[object] = []
+    waiter = threading.Thread(target=lambda: taken.append(mailbox.get(timeout=WAIT_S).message))
+    waiter.start()
+    mailbox.post(tell("quiet"), wake=False)
+    waiter.join(0.2)
+    assert waiter.is_alive(), "a message put without a wake woke the reader"
+    assert not mailbox.empty()  # seen by a reader that looks, as pykka's teardown does
+
+    mailbox.put(fire(1))
+    waiter.join(WAIT_S)
+    # Read first: what the timer's tick does must see it.
+    assert taken == [UntrackJob("quiet")]
+    assert drain(mailbox) == [Fired(1)]
+
+
+def test_a_quiet_message_keeps_its_place_between_the_messages_around_it() -> None:
+    mailbox = TicksFirst(quiet=True)
+    mailbox.put(tell("a"))
+    mailbox.put(fire(1))
+    mailbox.post(tell("b"), wake=False)
+    mailbox.put(tell("c"))
+    mailbox.put(fire(2))
+    mailbox.post(tell("d"), wake=False)
+
+    # A fire jumps the tells put with a wake, never a quiet one put before it;
+    # a quiet one comes after every tell put before it and before every one after.
+    assert drain(mailbox) == [
+        Fired(1),
+        UntrackJob("a"),
+        UntrackJob("b"),
+        Fired(2),
+        UntrackJob("c"),
+        UntrackJob("d"),
+    ]
+
+
+def test_quiet_messages_wake_the_reader_once_enough_wait() -> None:
+    mailbox = TicksFirst(quiet=True)
+    taken: list[object] = []
+
+    def read() -> None:
+        taken.append(mailbox.get(timeout=WAIT_S).message)
+
+    waiter = threading.Thread(target=read)
+    waiter.start()
+    for i in range(QUIET_MAX):
+        mailbox.post(tell(str(i)), wake=False)
+    waiter.join(WAIT_S)
+    assert taken == [UntrackJob("0")]
+
+
+def test_a_mailbox_without_a_timer_to_read_it_wakes_for_a_quiet_message() -> None:
+    mailbox = TicksFirst()
+    taken: list[object] = []
+    waiter = threading.Thread(target=lambda: taken.append(mailbox.get(timeout=WAIT_S).message))
+    waiter.start()
+    mailbox.post(tell("a"), wake=False)
+    waiter.join(WAIT_S)
+    assert taken == [UntrackJob("a")]
+
+
+def test_a_closed_mailbox_refuses_a_quiet_message() -> None:
+    mailbox = TicksFirst(quiet=True)
+    mailbox.post(tell("in"), wake=False)
+    mailbox.close()
+    with pytest.raises(pykka.ActorDeadError):
+        mailbox.post(tell("late"), wake=False)
+    assert drain(mailbox) == [UntrackJob("in")]
