@@ -399,6 +399,8 @@ class LockManager(pykka.ThreadingActor):
 
     use_daemon_thread = True
 
+    #: Whether an outbox's messages that change nothing are skipped (see ``_on_posted``).
+    _skips_passing: ClassVar[bool] = True
     #: The manager class of each isolation mode but ``"thread"``.
     _kinds: ClassVar[dict[str, type[LockManager]]] = {}
 
@@ -785,6 +787,8 @@ class LockManager(pykka.ThreadingActor):
                 job_id not in books.jobs and not (books.lost and books.lost.get(job_id, token))
             ),
         )
+        if not self._skips_passing:
+            skipped.clear()
         for item, reply in items:
             if item.job_id in skipped:
                 reply.value = None

@@ -463,9 +463,9 @@ class ManagerRef(pykka.ActorRef[Any]):
         takes the message with the next one it gets, at its timer's next
         tick at the latest (one interval; a manager whose timer fires only
         when told, a ``ManualTimer``, at the next message it is sent), and
-        before any message sent after it. A worker that tracks and untracks many short jobs saves a thread
-        switch per message; a track keeps its caller's time, so no renewal
-        comes later for it.
+        before any message sent after it. A worker that tracks and untracks
+        many short jobs saves a thread switch per message; a track keeps its
+        caller's time, so no renewal comes later for it.
 
         Raises:
             TypeError: A proxy call or message with bad arguments.

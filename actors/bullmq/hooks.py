@@ -24,6 +24,7 @@ import pykka
 import redis
 import redis.asyncio
 
+from actors.aio import call_in_loop, set_exception, set_result
 from actors.connection import client_for_url, client_like, client_settings, command_timeout
 from actors.process.take import Source
 from actors.timing import Timing, monotonic_ms
@@ -72,6 +73,11 @@ class Owner(Protocol):
 
     def taken(self, job_id: str, token: str, sent_ms: int, sent_wall_ms: int) -> None:
         """A fetch took the job's lock (on the fetch thread)."""
+
+    async def taken_by_child(
+        self, job_id: str, token: str, sent_ms: int, sent_wall_ms: int
+    ) -> None:
+        """The manager's child took the job's lock (on the loop, before the run)."""
 
     def abandoned(self, job_id: str, token: str) -> None:
         """Nobody awaits the fetch that took the job any more."""
@@ -170,10 +176,8 @@ _FETCH = "moveToActive"
 #: The answer of a fetch that took nothing (``moveToActive`` with no job).
 _NO_JOB: list[Any] = []
 
-#: Longest wait for a fetch in flight to end once its client is cut, in seconds.
+#: Longest wait for the fetch threads to end once their connections are cut, in seconds.
 _JOIN_S = 5.0
-#: How often the client is cut again meanwhile, in seconds (a fetch may reconnect).
-_CUT_S = 0.05
 
 
 class Fetcher:
@@ -198,15 +202,12 @@ class Fetcher:
         self._decode = conn.get_encoder().decode  # type: ignore[no-untyped-call]
         self._prefix = owner.keys.key_prefix
         self._source = Source(script.script, _portable_settings(self._client))
-        self._in_flight: set[concurrent.futures.Future[tuple[Any, Any]]] = set()
         #: The takes the child runs for this fetcher, until answered.
         self._taking: set[concurrent.futures.Future[Taken]] = set()
         self._closed = False
         #: Every lane made, and the ones no fetch is using (thread mode).
         self._lanes: list[Lane] = []
         self._idle: list[Lane] = []
-        #: Where a fetch of process mode waits for the child's answer (made on first use).
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     async def run(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
         """Run the script as the worker's own client would, from the worker's loop."""
@@ -218,15 +219,15 @@ class Fetcher:
         token = self._token(args)
         taker = None if token is None else self._owner.taker()
         if taker is not None and token is not None:
-            fetch = self._run_taker(taker, keys, args, token)
+            answer, taken = await self._take(taker, keys, args, token)
         else:
             fetch = self._lane().send(keys, args, token)
-        try:
-            answer, taken = await asyncio.wrap_future(fetch)
-        except asyncio.CancelledError:
-            # Nobody will process what it takes: let its lock expire.
-            fetch.add_done_callback(self._abandon)
-            raise
+            try:
+                answer, taken = await asyncio.wrap_future(fetch)
+            except asyncio.CancelledError:
+                # Nobody will process what it takes: let its lock expire.
+                fetch.add_done_callback(self._abandon)
+                raise
         if taken is not None and call is not None:
             call.took.append(taken)
         return answer
@@ -255,41 +256,34 @@ class Fetcher:
             self._owner.taken(*taken, *sent)
         return answer, taken
 
-    def _run_taker(
-        self,
-        taker: Callable[..., concurrent.futures.Future[Taken]],
-        keys: list[Any],
-        args: list[Any],
-        token: str,
-    ) -> concurrent.futures.Future[tuple[Any, Any]]:
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=f"bullmq-fetch-{self._owner.keys.name}"
-            )
-        fetch = self._executor.submit(self._take, taker, keys, args, token)
-        self._in_flight.add(fetch)
-        fetch.add_done_callback(self._in_flight.discard)
-        return fetch
-
-    def _take(
+    async def _take(
         self,
         taker: Callable[..., concurrent.futures.Future[Taken]],
         keys: list[Any],
         args: list[Any],
         token: str,
     ) -> tuple[Any, tuple[str, str] | None]:
-        """Have the manager's child run the fetch; it renews what it took before it answers."""
+        """Have the manager's child run the fetch; it renews what it took before it answers.
+
+        The child tracked the job before its answer could reach the worker:
+        the worker reads it on its loop, whenever the loop runs, and hands the
+        job on once its manager has the track.
+        """
         take = taker(self._source, keys, args, token)
         self._taking.add(take)
+        take.add_done_callback(self._taking.discard)
         if self._closed:
             take.cancel()
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[Taken] = loop.create_future()
+        # Handed over, never chained: a cancelled wait leaves the take to end, and let go.
+        take.add_done_callback(functools.partial(_hand_over, loop, answered))
         try:
-            done = take.result()
-        except concurrent.futures.CancelledError:
-            # Cut off by the close: a lock it took is left to expire.
-            raise redis.ConnectionError("the worker closed during the fetch") from None
-        finally:
-            self._taking.discard(take)
+            done = await answered
+        except asyncio.CancelledError:
+            # Nobody will process what it takes: the child stops renewing it.
+            take.add_done_callback(_let_go)
+            raise
         if isinstance(done.answer, BaseException):
             raise done.answer
         try:
@@ -299,7 +293,7 @@ class Fetcher:
                     # Taken, but not renewed (an id the child could not read): handed on.
                     raise redis.ConnectionError("the fetch took a job its manager cannot renew")
                 return answer, None
-            self._owner.taken(done.job_id, token, done.sent_ms, done.sent_wall_ms)
+            await self._owner.taken_by_child(done.job_id, token, done.sent_ms, done.sent_wall_ms)
         except BaseException:
             # What the child took is of no use here: it stops renewing, the lock expires.
             done.let_go()
@@ -343,25 +337,15 @@ class Fetcher:
         """End the fetch threads: a fetch still waiting on the server is cut off."""
         self._closed = True
         self._idle.clear()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
         for take in list(self._taking):
             take.cancel()
         lanes = list(self._lanes)
         for lane in lanes:
+            # Closing its socket ends a read that waits on a paused or hung server.
             lane.cut()
         deadline = time.monotonic() + _JOIN_S
-        while True:
-            # Closing the sockets ends a read that waits on a paused or hung server.
-            self._client.connection_pool.disconnect()
-            pending = [fetch for fetch in self._in_flight if not fetch.done()]
-            if not pending or time.monotonic() > deadline:
-                break
-            concurrent.futures.wait(pending, timeout=_CUT_S)
         for lane in lanes:
             lane.join(max(0.0, deadline - time.monotonic()))
-        if not pending and self._executor is not None:
-            self._executor.shutdown(wait=True)
         self._client.close()
 
 
@@ -507,6 +491,28 @@ class _Sent:
     token: str | None
     #: (monotonic ms, wall ms) of the send: the lock was taken after both.
     sent: tuple[int, int]
+
+
+def _hand_over(
+    loop: asyncio.AbstractEventLoop,
+    answered: asyncio.Future[Taken],
+    take: concurrent.futures.Future[Taken],
+) -> None:
+    """Copy a take's outcome to ``answered``, on its loop (from the thread that answered it)."""
+    if take.cancelled():
+        failure: BaseException | None = redis.ConnectionError("the worker closed during the fetch")
+    else:
+        failure = take.exception()
+    if failure is None:
+        call_in_loop(loop, set_result, answered, take.result())
+    else:
+        call_in_loop(loop, set_exception, answered, failure)
+
+
+def _let_go(take: concurrent.futures.Future[Taken]) -> None:
+    """Let go of what a take nobody waits for any more took: its lock expires."""
+    if not take.cancelled() and take.exception() is None:
+        take.result().let_go()
 
 
 def _portable_settings(client: redis.Redis) -> dict[str, Any] | None:

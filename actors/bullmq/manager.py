@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pykka
 
-from actors.aio import call_in_loop
+from actors.aio import answer, call_in_loop
 from actors.api import start_link
 from actors.bullmq.hooks import attempt, must_wait, off_the_loop, renewal_client, stopper
 from actors.bullmq.runs import (
@@ -23,6 +23,7 @@ from actors.bullmq.runs import (
     abort_reason,
     monotonic_from_wall,
 )
+from actors.jobs import Validity
 from actors.keys import QueueKeys
 from actors.messages import LockLost, TrackJob, UntrackJob
 from actors.ref import ManagerStopped
@@ -314,23 +315,16 @@ class ActorLockManager(TellsInBatches):
             return None
         return Trust(taken_ms, self._span, manager.clock)
 
-    def _track(self, job_id: str, token: str, trust: Trust | None, *, wait: bool = False) -> None:
+    def _track(self, job_id: str, token: str, trust: Trust | None) -> None:
         # Watched by this object (see tell): trusted only until its deadline,
         # which the manager's answer (the lock's Validity) gives the run's signal.
-        manager = self.manager
-        if manager is None or trust is None:
+        # Read with the manager's next message or tick: the run trusts the
+        # taking's deadline until then (see Trust), and the track keeps its time.
+        outbox = self._outbox
+        if outbox is None or trust is None:
             return
-        message = TrackJob(job_id, token, trust.taken_ms, self)
         with contextlib.suppress(ManagerStopped):
-            if not wait and self._outbox is not None:
-                # Read with the manager's next message or tick: the run trusts the
-                # taking's deadline until then (see Trust), and the track its time.
-                trust.reply = self._outbox.put(message)
-                return
-            trust.answer = answer = manager.ask(message, block=False)
-            if wait:
-                with contextlib.suppress(pykka.Timeout):  # tracked all the same, a little later
-                    answer.get(timeout=self.lock_duration / 1000)
+            trust.reply = outbox.put(TrackJob(job_id, token, trust.taken_ms, self))
 
     def _untrack(self, job_id: str, token: str) -> None:
         self._signals.pop((job_id, token), None)
@@ -388,9 +382,29 @@ class ActorLockManager(TellsInBatches):
         trust = self._trust(sent_ms)
         # Handed to the loop first: the manager's reports on the run come after.
         self._to_loop(self._fetched, job_id, Run(token, sent_wall_ms, trust=trust))
-        # In process mode the processor starts once the child has the lock: one
-        # that holds the GIL from its first line keeps it renewed all the same.
-        self._track(job_id, token, trust, wait=self._isolation == "process")
+        self._track(job_id, token, trust)
+
+    async def taken_by_child(
+        self, job_id: str, token: str, sent_ms: int, sent_wall_ms: int
+    ) -> None:
+        """Track a job the manager's child took (process mode); on the loop, before its run.
+
+        The child renews the lock from its taking. The run starts once the
+        manager has the track and the child its word: a processor that holds
+        the GIL from its first line then keeps the job's deadline too.
+        """
+        trust = self._trust(sent_ms)
+        self._fetched(job_id, Run(token, sent_wall_ms, trust=trust))
+        manager = self.manager
+        if manager is None or trust is None:
+            return
+        try:
+            asked = manager.ask(TrackJob(job_id, token, trust.taken_ms, self), block=False)
+            told = await answer(manager, asked, timeout=self.lock_duration / 1000)
+        except (ManagerStopped, pykka.Timeout):
+            return  # tracked all the same, a little later; or nobody renews any more
+        if isinstance(told, Validity):
+            trust.validity = told
 
     def _fetched(self, job_id: str, run: Run) -> None:
         if not self.closed:

@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-import pykka
 from bullmq.abort_controller import AbortController, AbortError, AbortSignal
 
 from actors.jobs import Validity
@@ -67,7 +66,7 @@ class Trust:
     attribute reads, no lock, no wait.
     """
 
-    __slots__ = ("answer", "clock", "reply", "span", "taken_ms", "validity")
+    __slots__ = ("clock", "reply", "span", "taken_ms", "validity")
 
     def __init__(self, taken_ms: int, span: int, clock: Callable[[], int] = monotonic_ms) -> None:
         #: When the lock was taken (the fetch's send), in the manager's monotonic ms.
@@ -76,9 +75,7 @@ class Trust:
         self.span = span
         #: The manager's clock.
         self.clock = clock
-        #: The manager's answer to the track, once asked (a pykka future).
-        self.answer: pykka.Future[Any] | None = None
-        #: Where the manager answers the track, if it went through an outbox.
+        #: Where the manager answers the track (through the worker's outbox).
         self.reply: Reply | None = None
         #: The lock's validity as the manager keeps it, once it has answered.
         self.validity: Validity | None = None
@@ -88,22 +85,11 @@ class Trust:
         """Monotonic ms past which the lock may be gone at the server."""
         reply = self.reply
         if reply is not None and reply.value is not UNREAD:
+            # Not read yet: the taking's deadline holds meanwhile. Not a Validity:
+            # the manager stopped, or the run ended before it read the track.
             self.reply = None
             if isinstance(reply.value, Validity):
                 self.validity = reply.value
-        answer = self.answer
-        if answer is not None and self.validity is None:
-            try:
-                told = answer.get(timeout=0)
-            except pykka.Timeout:
-                told = None  # not answered yet: the taking's deadline holds meanwhile
-            except Exception:
-                told = None  # the manager stopped: nobody renews the lock any more
-                self.answer = None
-            else:
-                self.answer = None
-            if isinstance(told, Validity):
-                self.validity = told
         validity = self.validity
         return self.taken_ms + self.span if validity is None else validity.deadline
 

@@ -218,6 +218,9 @@ class ProcessLockManager(LockManager, isolation="process"):
     does, and ``RuntimeError`` if the child process did not start.
     """
 
+    #: The child hears of every job a take took: the worker's messages on it all go there.
+    _skips_passing: ClassVar[bool] = False
+
     @staticmethod
     def _create_actor_inbox() -> TicksFirst:
         return TicksFirst(urgent=(Fired, ChildSaid))

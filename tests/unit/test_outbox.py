@@ -223,35 +223,35 @@ def test_a_put_after_a_tell_is_read_after_it(manual: Manual) -> None:
     assert sorted(get_tracked_job_ids(manual.manager)) == ["a", "b"]
 
 
-def test_every_put_racing_a_stop_is_refused_or_read_and_its_target_told() -> None:
-    for _ in range(20):
-        manager = start_link(renewer=LockTable(), keys=QueueKeys("q"), timer=manual_timer())
-        outbox = manager.outbox()
-        target = Inbox()
-        accepted: list[tuple[str, Reply]] = []
-        go = threading.Barrier(5)
+@pytest.mark.parametrize("run", range(10))
+def test_every_put_racing_a_stop_is_refused_or_read_and_its_target_told(run: int) -> None:
+    manager = start_link(renewer=LockTable(), keys=QueueKeys("q"), timer=manual_timer())
+    outbox = manager.outbox()
+    target = Inbox()
+    accepted: list[tuple[str, Reply]] = []
+    go = threading.Barrier(5)
 
-        def put(base: int) -> None:
-            go.wait(WAIT_S)
-            for i in range(base, base + 500):
-                try:
-                    reply = outbox.put(TrackJob(str(i), "t", notify=target))
-                except ManagerStopped:
-                    return
-                accepted.append((str(i), reply))
-
-        senders = [threading.Thread(target=put, args=(n * 1_000,)) for n in range(4)]
-        for sender in senders:
-            sender.start()
+    def put(base: int) -> None:
         go.wait(WAIT_S)
-        stop(manager)
-        for sender in senders:
-            sender.join(WAIT_S)
+        for i in range(base, base + 500):
+            try:
+                reply = outbox.put(TrackJob(str(i), "t", notify=target))
+            except ManagerStopped:
+                return
+            accepted.append((str(i), reply))
 
-        assert all(reply.value is not UNREAD for _, reply in accepted)
-        wanted = {job_id for job_id, _ in accepted}
-        wait_for(
-            lambda: wanted <= {m.job_id for m in target.got if m.reason == MANAGER_STOPPED},
-            timeout=WAIT_S,
-            what="every accepted track's target told the manager stopped",
-        )
+    senders = [threading.Thread(target=put, args=(n * 1_000,)) for n in range(4)]
+    for sender in senders:
+        sender.start()
+    go.wait(WAIT_S)
+    stop(manager)
+    for sender in senders:
+        sender.join(WAIT_S)
+
+    assert all(reply.value is not UNREAD for _, reply in accepted)
+    wanted = {job_id for job_id, _ in accepted}
+    wait_for(
+        lambda: wanted <= {m.job_id for m in target.got if m.reason == MANAGER_STOPPED},
+        timeout=WAIT_S,
+        what="every accepted track's target told the manager stopped",
+    )
