@@ -209,8 +209,8 @@ class Outbox:
     order, among themselves and with what their sender tells and asks the
     manager (a put after a tell starts a new list, read after the tell); a
     track keeps its caller's time, so no renewal comes later for the wait. A
-    job tracked and untracked by one claim within one read costs the manager
-    nothing.
+    job tracked and untracked by one claim within one read costs a
+    thread-mode manager nothing.
     """
 
     def __init__(self, mailbox: _Mailbox, clock: Callable[[], int]) -> None:
