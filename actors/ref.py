@@ -227,13 +227,11 @@ class Outbox:
             TypeError: ``message`` is neither a ``TrackJob`` nor an ``UntrackJob``.
             ManagerStopped: The manager is stopped.
         """
-        kind = type(message)
-        if kind is TrackJob:
-            assert isinstance(message, TrackJob)
-            if message.ts is None:
-                message = dataclasses.replace(message, ts=self._clock())
-        elif kind is not UntrackJob:
-            raise TypeError(f"an outbox takes TrackJob and UntrackJob, got {kind.__name__}")
+        if type(message) not in (TrackJob, UntrackJob):
+            raise TypeError(
+                f"an outbox takes TrackJob and UntrackJob, got {type(message).__name__}"
+            )
+        message = admit(message, self._clock)
         reply = Reply()
         mailbox = self._mailbox
         with self._lock:

@@ -154,8 +154,9 @@ class InFlight:
     ends while the worker closes gracefully waits for these calls first (at
     most ``bound_s``), so the loop sees their jobs before it sees the run end.
     The stock worker sends its fetches at once and reads their answers on its
-    loop, ahead of a run's later move; this package's fetch thread sends them in
-    turn, and a loaded machine can answer them later.
+    loop, ahead of a run's later move; this package's answers reach the loop
+    from a thread of its own (a lane's, or the manager's child's), and a
+    loaded machine can hand them over later.
     """
 
     def __init__(self, bound_s: float) -> None:
@@ -243,7 +244,7 @@ class Fetcher:
         return lane
 
     def idle(self, lane: Lane) -> None:
-        """``lane``'s fetch was answered: the next fetch may use it (on the loop)."""
+        """``lane``'s fetch was answered: the next fetch may use it (on the lane's thread)."""
         if not self._closed and lane.usable():
             self._idle.append(lane)
 
@@ -368,7 +369,7 @@ class Lane:
         self._conn: Any = fetcher.client.connection_pool.make_connection()
         #: Held to send, and to give the connection up: a send never meets a closed socket.
         self._lock = threading.Lock()
-        #: The fetch sent, or to send: (future, loop, keys, args, token, sent times).
+        #: The fetch sent, or to send once connected (one at a time).
         self._waiting: collections.deque[_Sent] = collections.deque()
         self._connected = False
         self._dead = False
@@ -429,8 +430,12 @@ class Lane:
                     raise redis.ConnectionError("an answer came for no fetch")
                 sent = self._waiting[0]
                 if isinstance(reply, redis.exceptions.NoScriptError):
-                    # Not run: run the script itself (the server then keeps it).
-                    self._send(sent, "EVAL")
+                    # Not run: run the script itself (the server then keeps it),
+                    # unless the lane was cut meanwhile (a send would reconnect).
+                    with self._lock:
+                        if not self.usable():
+                            return
+                        self._send(sent, "EVAL")
                     reply = self._reply()
                 self._waiting.popleft()
                 try:

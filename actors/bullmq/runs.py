@@ -83,10 +83,10 @@ class Trust:
     @property
     def deadline(self) -> int:
         """Monotonic ms past which the lock may be gone at the server."""
+        # Until the manager has read the track, the taking's deadline holds.
         reply = self.reply
         if reply is not None and reply.value is not UNREAD:
-            # Not read yet: the taking's deadline holds meanwhile. Not a Validity:
-            # the manager stopped, or the run ended before it read the track.
+            # Not a Validity: the manager stopped, or the run ended before it read the track.
             self.reply = None
             if isinstance(reply.value, Validity):
                 self.validity = reply.value
