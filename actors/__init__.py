@@ -43,6 +43,7 @@ from actors.messages import (
     IsTracked,
     LockLost,
     LostLock,
+    NotReplicatedError,
     Renewer,
     TrackJob,
     UntrackJob,
@@ -50,7 +51,7 @@ from actors.messages import (
 from actors.process import ProcessLockManager
 from actors.ref import ManagerRef, ManagerStopped
 from actors.report import Stats
-from actors.scripts import DEFAULT_MAX_BATCH, RedisRenewer, extend_locks
+from actors.scripts import DEFAULT_MAX_BATCH, RedisRenewer, Replicas, extend_locks
 from actors.timer import ManualTimer, ThreadTimer, Timer, TimerFactory
 from actors.timing import DEFAULT_LOCK_DURATION, Timing
 
@@ -85,6 +86,9 @@ __all__ = [  # noqa: RUF022 (grouped by purpose, as pykka does)
     "IsTracked",
     "TrackJob",
     "UntrackJob",
+    # Replicas: writes confirmed by them
+    "NotReplicatedError",
+    "Replicas",
     # Keys, timing, counters
     "DEFAULT_LOCK_DURATION",
     "DEFAULT_PREFIX",

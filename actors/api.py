@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from actors.connection import Client
     from actors.messages import LostLock, Notify, Renewer
     from actors.report import Stats
+    from actors.scripts import Replicas
     from actors.timer import TimerFactory
 
 __all__ = [
@@ -57,6 +58,7 @@ def start_link(
     timer: TimerFactory | None = None,
     safety_margin: int | None = None,
     isolation: str = "thread",
+    replicas: int | Replicas | None = None,
 ) -> ManagerRef:
     """Start a :class:`~actors.LockManager` and return its reference.
 
@@ -93,6 +95,12 @@ def start_link(
             delays a renewal and the locks are deleted when the worker dies;
             ``connection`` must then be a URL or a ``redis.Redis``, and
             ``renewer``, ``clock`` and ``timer`` are refused.
+        replicas: Replicas that must confirm each renewal, as a count or an
+            :class:`~actors.Replicas` (with its timeout, or ``aof=True`` for
+            ``WAITAOF``): a watched lock's deadline moves only on renewals
+            they confirmed, so its watchers are told ``"unconfirmed"`` before a
+            replica's older copy of the lock can expire. ``None`` or ``0``:
+            the primary's word is enough. Not with ``renewer``.
 
     Callbacks run one at a time on the manager's delivery thread, and the
     targets' ``tell`` at once on threads of their own, never the manager's,
@@ -102,8 +110,10 @@ def start_link(
 
     Raises:
         TypeError: An argument has the wrong type.
-        ValueError: A duration or ``isolation`` is out of range, the client's
-            encoding is not UTF-8, or a cluster's keys cannot share a slot.
+        ValueError: A duration, ``isolation`` or ``replicas`` is out of range
+            (a replicas timeout must fit in a renewal's wait), the client's
+            encoding is not UTF-8, a cluster's keys cannot share a slot, or
+            ``WAITAOF`` was asked of a server without it.
         RuntimeError: With ``isolation="process"``, the child process did not start.
     """
     ref = LockManager.start(
@@ -121,6 +131,7 @@ def start_link(
         timer=timer,
         safety_margin=safety_margin,
         isolation=isolation,
+        replicas=replicas,
     )
     assert isinstance(ref, ManagerRef)
     return ref

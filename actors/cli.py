@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import redis
 from redis.connection import parse_url
 
-from actors.connection import client_for_url, command_timeout, redacted_url
+from actors.connection import client_for_url, command_timeout, parse_sentinel_url, redacted_url
 from actors.keys import DEFAULT_PREFIX, QueueKeys
 from actors.timing import (
     MIN_REDIS_LOCK_DURATION,
@@ -539,7 +539,8 @@ def _largest_safe_renew_time(lock_duration: int) -> int | None:
 
 def _redis_url(value: str) -> str:
     try:
-        parse_url(value)  # type: ignore[no-untyped-call]
+        if parse_sentinel_url(value) is None:
+            parse_url(value)  # type: ignore[no-untyped-call]
     except ValueError as exc:
         # Not echoed back: a mistyped URL may still carry a password.
         raise argparse.ArgumentTypeError(f"not a Redis URL: {exc}") from None
@@ -608,7 +609,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--url",
         default=os.environ.get("REDIS_URL") or DEFAULT_URL,
         type=_redis_url,
-        help=f"the server: redis://[:password@]host/db (default: $REDIS_URL, else {DEFAULT_URL})",
+        help=(
+            "the server: redis://[:password@]host/db, or a Sentinel-managed primary: "
+            "redis+sentinel://[:password@]host:26379[,host:port...]/service/db "
+            f"(default: $REDIS_URL, else {DEFAULT_URL})"
+        ),
     )
     add("--queue", required=True, type=_queue_name, metavar="NAME", help="queue name, no prefix")
     add("--prefix", default=DEFAULT_PREFIX, type=_prefix, help="key prefix: emq (default), bull")

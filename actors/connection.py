@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import inspect
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
+import redis.sentinel
+from redis.asyncio.sentinel import SentinelConnectionPool as SentinelPoolAsync
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -26,7 +29,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RETRIES",
+    "SENTINEL_SCHEMES",
     "Client",
+    "SentinelURL",
     "check_client",
     "client_for_url",
     "client_like",
@@ -37,6 +42,7 @@ __all__ = [
     "describe_connection",
     "encoding",
     "is_cluster",
+    "parse_sentinel_url",
     "redacted_url",
     "socket_timeout",
     "unreachable_message",
@@ -86,15 +92,104 @@ _NO_SETINFO: Final[dict[str, Any]] = (
 def client_for_url(url: str, *, timeout: float) -> redis.Redis:
     """Build a one-server client from a URL, waiting ``timeout`` seconds per attempt.
 
+    ``redis://``, ``rediss://`` and ``unix://`` as redis-py reads them, or a
+    Sentinel-managed primary (see :func:`parse_sentinel_url`): the client then
+    asks the sentinels where the primary is at each connect, so it follows a
+    failover.
+
     Raises:
         ValueError: ``url`` is not a Redis URL.
     """
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        retry=Retry(NoBackoff(), RETRIES),
+    bounded: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": Retry(NoBackoff(), RETRIES),
         **_NO_SETINFO,
+    }
+    sentinel = parse_sentinel_url(url)
+    if sentinel is None:
+        return redis.Redis.from_url(url, **bounded)
+    auth: dict[str, Any] = {
+        "username": sentinel.username,
+        "password": sentinel.password,
+        "ssl": sentinel.ssl,
+    }
+    # Only socket_* settings reach the sentinels themselves (redis-py's rule).
+    sentinels = redis.sentinel.Sentinel(
+        sentinel.sentinels,
+        sentinel_kwargs={"socket_timeout": timeout, "socket_connect_timeout": timeout},
+    )
+    client: redis.Redis = sentinels.master_for(sentinel.service, db=sentinel.db, **auth, **bounded)
+    return client
+
+
+#: Schemes of a URL that names a Sentinel-managed primary (``rediss+`` for TLS to it).
+SENTINEL_SCHEMES: Final = ("redis+sentinel", "rediss+sentinel")
+
+
+@dataclass(frozen=True)
+class SentinelURL:
+    """What a ``redis+sentinel://`` URL names."""
+
+    #: Each sentinel's ``(host, port)``.
+    sentinels: list[tuple[str, int]]
+    #: The name the sentinels know the primary by (``sentinel monitor <name> ...``).
+    service: str
+    db: int
+    username: str | None
+    password: str | None
+    #: TLS to the primary.
+    ssl: bool
+
+
+def parse_sentinel_url(url: str) -> SentinelURL | None:
+    """Read ``redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db]``.
+
+    Ports default to 26379; the credentials are the primary's (the sentinels
+    are reached without). ``None`` when ``url`` has another scheme.
+
+    Example:
+        >>> parse_sentinel_url("redis+sentinel://:pw@10.0.0.1,10.0.0.2:26380/mymaster/2").service
+        'mymaster'
+
+    Raises:
+        ValueError: A Sentinel URL with no sentinel, no service name, a bad
+            port or database number.
+    """
+    scheme, found, rest = url.partition("://")
+    if not found or scheme.lower() not in SENTINEL_SCHEMES:
+        return None
+    netloc, _, path = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon else None
+    sentinels = []
+    for item in filter(None, hosts.split(",")):
+        if item.startswith("["):  # [IPv6]:port
+            host, _, after = item[1:].partition("]")
+            port = after.removeprefix(":")
+        else:
+            host, _, port = item.partition(":")
+        if port and not port.isdigit():
+            raise ValueError(f"a Sentinel URL's port must be a number, got {port!r}")
+        sentinels.append((host, int(port) if port else 26379))
+    if not sentinels:
+        raise ValueError(
+            "a Sentinel URL names at least one sentinel: redis+sentinel://host:26379/name"
+        )
+    service, _, db = path.partition("/")
+    if not service:
+        raise ValueError(
+            "a Sentinel URL names the primary's service: redis+sentinel://host:26379/mymaster"
+        )
+    db = db.strip("/")
+    if db and not db.isdigit():
+        raise ValueError(f"a Sentinel URL's database must be a number, got {db!r}")
+    return SentinelURL(
+        sentinels, unquote(service), int(db or 0), username, password, scheme.startswith("rediss")
     )
 
 
@@ -194,7 +289,8 @@ def _settings_of(pool: Any) -> dict[str, Any]:
             f"cannot tell which server a pool of {kind.__module__}.{kind.__qualname__} "
             "connections reaches (a Sentinel-managed client, or a pool with no host and no "
             "socket path): pass the renewal client explicitly, "
-            "use_actor_lock_manager(worker, connection=...) with a redis.Redis or a URL"
+            "use_actor_lock_manager(worker, connection=...) with a redis.Redis or a URL "
+            "(redis+sentinel://host:26379/service for a Sentinel-managed primary)"
         )
     settings = {key: given[key] for key in _COPIED_SETTINGS if key in given}
     if kind in (redis.UnixDomainSocketConnection, redis.asyncio.UnixDomainSocketConnection):
@@ -356,6 +452,11 @@ def describe_connection(conn: object) -> str:
     pool = getattr(conn, "connection_pool", None)
     kwargs = dict(getattr(pool, "connection_kwargs", None) or {})
     kind = getattr(pool, "connection_class", None)
+    if isinstance(pool, (redis.sentinel.SentinelConnectionPool, SentinelPoolAsync)):
+        sentinels = ",".join(_address(sentinel) for sentinel in pool.sentinel_manager.sentinels)
+        tls = "s" if "SSL" in getattr(kind, "__name__", "") else ""
+        where = f"{sentinels}/{quote(pool.service_name)}/{kwargs.get('db', 0)}"
+        return f"{_scheme_auth(f'redis{tls}+sentinel', kwargs)}{where}"
     db = kwargs.get("db", 0)
     if kwargs.get("path"):
         user = kwargs.get("username")
@@ -367,6 +468,11 @@ def describe_connection(conn: object) -> str:
         scheme = "rediss" if ssl else "redis"
         return f"{_scheme_auth(scheme, kwargs)}{kwargs['host']}:{kwargs.get('port', 6379)}/{db}"
     return f"a {type(conn).__module__}.{type(conn).__qualname__} client"
+
+
+def _address(client: Any) -> str:
+    kwargs = connection_kwargs(client)
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', 26379)}"
 
 
 def _scheme_auth(scheme: str, kwargs: dict[str, Any]) -> str:

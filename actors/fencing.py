@@ -20,6 +20,7 @@ it resumes. Two cures, for two kinds of store:
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
 import redis
@@ -30,13 +31,20 @@ from redis.exceptions import ResponseError, WatchError
 from actors.connection import encoding
 from actors.keys import QueueKeys, hash_slot
 from actors.messages import EXPIRED, STOLEN, LockLost
-from actors.scripts import RAW, script_source
+from actors.scripts import (
+    RAW,
+    require_replicas,
+    require_wait,
+    require_wait_async,
+    script_source,
+)
 from actors.timing import require_text
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine, Iterator
 
     from actors.messages import Reason
+    from actors.scripts import Replicas
 
 __all__ = ["FENCE_FIELD", "FENCE_SCRIPT", "Guarded", "Writes", "fence", "guarded", "release"]
 
@@ -84,12 +92,31 @@ async def _then(reply: Any, done: Any) -> Any:
 
 
 @overload
-def release(client: SyncClient, keys: QueueKeys, job_id: str, token: str) -> bool: ...
+def release(
+    client: SyncClient,
+    keys: QueueKeys,
+    job_id: str,
+    token: str,
+    *,
+    replicas: int | Replicas | None = None,
+) -> bool: ...
 @overload
 def release(
-    client: AsyncClient, keys: QueueKeys, job_id: str, token: str
+    client: AsyncClient,
+    keys: QueueKeys,
+    job_id: str,
+    token: str,
+    *,
+    replicas: int | Replicas | None = None,
 ) -> Coroutine[Any, Any, bool]: ...
-def release(client: Any, keys: QueueKeys, job_id: str, token: str) -> Any:
+def release(
+    client: Any,
+    keys: QueueKeys,
+    job_id: str,
+    token: str,
+    *,
+    replicas: int | Replicas | None = None,
+) -> Any:
     """Delete ``job_id``'s lock if it still holds ``token``; return whether this call did.
 
     A lock another worker holds now is left alone: call it when a job is given
@@ -102,11 +129,17 @@ def release(client: Any, keys: QueueKeys, job_id: str, token: str) -> Any:
     had expired, another worker holds it, or it was released already (by an
     earlier call, perhaps one whose answer was lost to a dropped connection).
 
+    With ``replicas`` (a count or an :class:`~actors.Replicas`), the delete is
+    followed by ``WAIT`` on its connection.
+
     Example:
         >>> actors.release(client, keys, "42", token)
         True
 
     Raises:
+        NotReplicatedError: The delete ran, but fewer replicas confirmed it
+            than ``replicas`` asks for: a failover may bring the lock back
+            until its TTL runs out.
         TypeError: ``client`` or ``keys`` is of the wrong kind, or ``job_id``
             or ``token`` is not a ``str``.
         ValueError: ``job_id`` or ``token`` is empty, too long or not UTF-8.
@@ -116,7 +149,7 @@ def release(client: Any, keys: QueueKeys, job_id: str, token: str) -> Any:
         redis.exceptions.RedisError: The server or the connection failed.
     """
     lock, job_id, token = _checked(client, keys, job_id, token)
-    block = Guarded(client, lock, job_id, token)
+    block = Guarded(client, lock, job_id, token, _confirmed(client, replicas))
     block._writes.delete(lock)
     if _is_async(client):
         return _release_async(block)
@@ -136,12 +169,31 @@ async def _release_async(block: Guarded) -> bool:
 
 
 @overload
-def fence(client: SyncClient, keys: QueueKeys, job_id: str, token: str) -> int: ...
+def fence(
+    client: SyncClient,
+    keys: QueueKeys,
+    job_id: str,
+    token: str,
+    *,
+    replicas: int | Replicas | None = None,
+) -> int: ...
 @overload
 def fence(
-    client: AsyncClient, keys: QueueKeys, job_id: str, token: str
+    client: AsyncClient,
+    keys: QueueKeys,
+    job_id: str,
+    token: str,
+    *,
+    replicas: int | Replicas | None = None,
 ) -> Coroutine[Any, Any, int]: ...
-def fence(client: Any, keys: QueueKeys, job_id: str, token: str) -> Any:
+def fence(
+    client: Any,
+    keys: QueueKeys,
+    job_id: str,
+    token: str,
+    *,
+    replicas: int | Replicas | None = None,
+) -> Any:
     """Return the next fencing number of ``job_id``, while its lock holds ``token``.
 
     Every number handed out is larger than any handed to an earlier holder of
@@ -152,6 +204,11 @@ def fence(client: Any, keys: QueueKeys, job_id: str, token: str) -> Any:
     ``fence-2.lua`` for what a server clock stepped back does). It is kept in
     the job's hash (field :data:`FENCE_FIELD`), so it goes away with the job;
     BullMQ ignores the field.
+
+    With ``replicas`` (a count or an :class:`~actors.Replicas`), the number is
+    handed out only once that many replicas confirmed it (``WAIT`` on the
+    script's connection, in its round trip): a failover cannot hand the same
+    number to the next holder.
 
     Example:
         >>> number = actors.fence(client, keys, "42", token)
@@ -169,11 +226,14 @@ def fence(client: Any, keys: QueueKeys, job_id: str, token: str) -> Any:
             ``client`` is a cluster client and the lock and the job's hash
             cannot share a hash slot (name the queue with a hash tag, as
             ``QueueKeys("{myqueue}")``).
+        NotReplicatedError: Fewer replicas confirmed the number than
+            ``replicas`` asks for: it must not be used.
         redis.exceptions.RedisError: The server or the connection failed, or
             the job's :data:`FENCE_FIELD` holds something that is no fencing
             number.
     """
     lock, job_id, token = _checked(client, keys, job_id, token)
+    confirm = _confirmed(client, replicas)
     job = keys.key_prefix + job_id
     if isinstance(client, (redis.RedisCluster, redis.asyncio.RedisCluster)) and (
         hash_slot(lock) != hash_slot(job)
@@ -182,8 +242,6 @@ def fence(client: Any, keys: QueueKeys, job_id: str, token: str) -> Any:
             f"on a cluster, the lock {lock!r} and the job's hash {job!r} must share a hash "
             f"slot; name the queue with a hash tag, as QueueKeys('{{{keys.name}}}')"
         )
-    script = client.register_script(script_source(FENCE_SCRIPT))
-    reply = script(keys=[lock, job], args=[token, FENCE_FIELD])
 
     def fenced(number: object) -> int:
         if isinstance(number, list):
@@ -201,7 +259,98 @@ def fence(client: Any, keys: QueueKeys, job_id: str, token: str) -> Any:
             raise LockLost(job_id, token, EXPIRED if number == 0 else STOLEN, "seen by fence()")
         return number
 
+    if confirm is not None:
+        return _fence_confirmed(client, lock, job, token, confirm, fenced)
+    script = client.register_script(script_source(FENCE_SCRIPT))
+    reply = script(keys=[lock, job], args=[token, FENCE_FIELD])
+
     return _then(reply, fenced) if _is_async(client) else fenced(reply)
+
+
+def _confirmed(client: object, replicas: object) -> Replicas | None:
+    """Check a helper's ``replicas=`` in one place (a cluster client is refused)."""
+    return require_replicas(replicas, conn=client)
+
+
+#: The pools whose server took the replicas' wait once: asked once per pool,
+#: and per kind of wait, before a helper's first write.
+_WAITS_TAKEN: weakref.WeakKeyDictionary[Any, set[bool]] = weakref.WeakKeyDictionary()
+
+
+def _wait_taken(client: Any, confirm: Replicas) -> None:
+    """Refuse a wait the server refuses before the helper writes (once per pool)."""
+    taken = _WAITS_TAKEN.setdefault(client.connection_pool, set())
+    if confirm.aof not in taken:
+        require_wait(client, confirm)
+        taken.add(confirm.aof)
+
+
+async def _wait_taken_async(client: Any, confirm: Replicas) -> None:
+    taken = _WAITS_TAKEN.setdefault(client.connection_pool, set())
+    if confirm.aof not in taken:
+        await require_wait_async(client, confirm)
+        taken.add(confirm.aof)
+
+
+def _fence_confirmed(
+    client: Any, lock: str, job: str, token: str, confirm: Replicas, fenced: Any
+) -> Any:
+    """Run the fence script and the replicas' wait in one pipeline: one connection, one trip."""
+
+    def read(replies: list[Any]) -> int:
+        number, reply = replies
+        if isinstance(number, Exception):
+            raise number
+        checked: int = fenced(number)
+        shortfall = confirm.shortfall(reply)
+        if shortfall is not None:
+            raise shortfall
+        return checked
+
+    def pipeline() -> Any:
+        pipe = client.pipeline(transaction=False)
+        pipe.execute_command("EVAL", script_source(FENCE_SCRIPT), 2, lock, job, token, FENCE_FIELD)
+        pipe.execute_command(*confirm.command())
+        return pipe
+
+    if _is_async(client):
+
+        async def fence_async() -> int:
+            await _wait_taken_async(client, confirm)
+            return read(await pipeline().execute(raise_on_error=False))
+
+        return fence_async()
+    _wait_taken(client, confirm)
+    return read(pipeline().execute(raise_on_error=False))
+
+
+class _Pinned:
+    """A pool that lends one connection, and takes none back: ``WAIT`` after EXEC goes on it.
+
+    A pipeline gets and gives back its connection through its pool's public
+    ``get_connection`` and ``release``; everything else is the real pool's.
+    """
+
+    def __init__(self, pool: Any, connection: Any) -> None:
+        self._pool = pool
+        self._connection = connection
+
+    def get_connection(self, *_: Any, **__: Any) -> Any:
+        return self._connection
+
+    def release(self, connection: Any) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+
+class _PinnedAsync(_Pinned):
+    async def get_connection(self, *_: Any, **__: Any) -> Any:
+        return self._connection
+
+    async def release(self, connection: Any) -> None:  # type: ignore[override]
+        pass
 
 
 class Writes(DataAccessCommands):
@@ -330,13 +479,25 @@ _DATA_COMMANDS = frozenset(
 )
 
 
-def guarded(client: SyncClient | AsyncClient, keys: QueueKeys, job_id: str, token: str) -> Guarded:
+def guarded(
+    client: SyncClient | AsyncClient,
+    keys: QueueKeys,
+    job_id: str,
+    token: str,
+    *,
+    replicas: int | Replicas | None = None,
+) -> Guarded:
     """Return a block whose writes apply atomically, only while the lock holds ``token``.
 
     On exit the lock is WATCHed, read and compared, and the block's commands run
     in MULTI/EXEC: if the lock changed hands in between, EXEC runs nothing.
     The ``as`` target is a :class:`Writes`: its :attr:`Writes.results` (as the
     block's :attr:`Guarded.results`) holds the replies once applied.
+
+    With ``replicas`` (a count or an :class:`~actors.Replicas`), EXEC is
+    followed by ``WAIT`` on the transaction's own connection: fewer
+    confirmations than asked raise ``NotReplicatedError`` on exit (the writes
+    applied on the primary; a failover may undo them). Not on a cluster client.
 
     Example:
         >>> with actors.guarded(client, keys, "42", token) as pipe:
@@ -348,19 +509,24 @@ def guarded(client: SyncClient | AsyncClient, keys: QueueKeys, job_id: str, toke
 
     Raises:
         LockLost: On exit, when the lock no longer holds ``token``; nothing was written.
+        NotReplicatedError: On exit, with ``replicas``: the writes applied,
+            but fewer replicas confirmed them than asked.
         TypeError, ValueError: As :func:`fence`, at the call. ``TypeError`` on
             exit too, with nothing written, when the block was refused a
             command (see :meth:`Writes.execute_command`) and went on.
     """
     lock, job_id, token = _checked(client, keys, job_id, token)
-    return Guarded(client, lock, job_id, token)
+    return Guarded(client, lock, job_id, token, _confirmed(client, replicas))
 
 
 class Guarded:
     """A :func:`guarded` block; after it, :attr:`results` holds the replies of its commands."""
 
-    def __init__(self, client: Any, lock: str, job_id: str, token: str) -> None:
+    def __init__(
+        self, client: Any, lock: str, job_id: str, token: str, confirm: Replicas | None = None
+    ) -> None:
         self._client = client
+        self._confirm = confirm
         self._lock = lock
         self._job_id = job_id
         self._token = token
@@ -396,7 +562,30 @@ class Guarded:
 
     def _run(self) -> None:
         self._refuse_if_refused()
-        with self._client.pipeline(transaction=True) as pipe, self._in_slot():
+        confirm = self._confirm
+        if confirm is None:
+            with self._client.pipeline(transaction=True) as pipe:
+                self._apply(pipe)
+            return
+        _wait_taken(self._client, confirm)
+        pool = self._client.connection_pool
+        connection = pool.get_connection()
+        try:
+            with self._client.pipeline(transaction=True) as pipe:
+                pipe.connection_pool = _Pinned(pool, connection)
+                self._apply(pipe)
+            try:
+                connection.send_command(*confirm.command())
+                reply = self._client.parse_response(connection, "WAIT")
+            except redis.RedisError as exc:
+                reply = exc
+        finally:
+            pool.release(connection)
+        _raise_unconfirmed(confirm, reply)
+
+    def _apply(self, pipe: Any) -> None:
+        """Watch, read and compare the lock, then run the block in MULTI/EXEC (again if touched)."""
+        with self._in_slot():
             for _attempt in range(WATCH_ATTEMPTS):
                 pipe.watch(self._lock)
                 try:
@@ -422,20 +611,41 @@ class Guarded:
 
     async def _run_async(self) -> None:
         self._refuse_if_refused()
-        async with self._client.pipeline(transaction=True) as pipe:
-            with self._in_slot():
-                for _attempt in range(WATCH_ATTEMPTS):
-                    await pipe.watch(self._lock)
-                    try:
-                        held = await pipe.execute_command("GET", self._lock, **RAW)
-                    except ResponseError as exc:
-                        held = _not_a_token(exc)
-                    self._queue(pipe, held)
-                    try:
-                        self._writes._results = await pipe.execute()
-                        return
-                    except WatchError as exc:
-                        _again(exc)
+        confirm = self._confirm
+        if confirm is None:
+            async with self._client.pipeline(transaction=True) as pipe:
+                await self._apply_async(pipe)
+            return
+        await _wait_taken_async(self._client, confirm)
+        pool = self._client.connection_pool
+        connection = await pool.get_connection()
+        try:
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.connection_pool = _PinnedAsync(pool, connection)
+                await self._apply_async(pipe)
+            try:
+                await connection.send_command(*confirm.command())
+                reply = await self._client.parse_response(connection, "WAIT")
+            except redis.RedisError as exc:
+                reply = exc
+        finally:
+            await pool.release(connection)
+        _raise_unconfirmed(confirm, reply)
+
+    async def _apply_async(self, pipe: Any) -> None:
+        with self._in_slot():
+            for _attempt in range(WATCH_ATTEMPTS):
+                await pipe.watch(self._lock)
+                try:
+                    held = await pipe.execute_command("GET", self._lock, **RAW)
+                except ResponseError as exc:
+                    held = _not_a_token(exc)
+                self._queue(pipe, held)
+                try:
+                    self._writes._results = await pipe.execute()
+                    return
+                except WatchError as exc:
+                    _again(exc)
         raise WatchError(f"the lock {self._lock!r} kept changing; nothing was written")
 
     def _queue(self, pipe: Any, held: object) -> None:
@@ -456,6 +666,21 @@ class Guarded:
                 "on a cluster, a guarded block writes only keys in its lock's hash slot "
                 f"({hash_slot(self._lock)}; a hash tag in the key names puts them there): {exc}"
             ) from exc
+
+
+def _raise_unconfirmed(confirm: Replicas, reply: object) -> None:
+    """After EXEC: raise :class:`NotReplicatedError` unless the replicas confirmed the writes.
+
+    The writes applied, so a wait that failed (the connection dropped while
+    it waited, say) is said as such, the failure chained, not as a plain
+    connection error that would leave a caller believing nothing ran.
+    """
+    shortfall = confirm.shortfall(reply)
+    if shortfall is None:
+        return
+    if isinstance(reply, BaseException):
+        raise shortfall from reply
+    raise shortfall
 
 
 def _not_a_token(exc: ResponseError) -> bytes:

@@ -412,9 +412,16 @@ class Lease:
         validity = self._validity
         confirmed = deadline - self._span if validity is None else validity.confirmed
         span = self._span if validity is None else validity.span
-        detail = (
-            f"no renewal confirmed for {now - confirmed} ms (trusted for {span} ms after a "
-            f"confirmed send); seen by the job {now - deadline} ms after the deadline"
+        detail = "; ".join(
+            filter(
+                None,
+                [
+                    f"no renewal confirmed for {now - confirmed} ms (trusted for {span} ms "
+                    f"after a confirmed send)",
+                    self._manager.failures(),
+                    f"seen by the job {now - deadline} ms after the deadline",
+                ],
+            )
         )
         if self._lose(LockLost(self.job_id, self.token, UNCONFIRMED, detail)):
             self._seen = True

@@ -39,7 +39,7 @@ from actors.keys import QueueKeys
 from actors.messages import MANAGER_STOPPED, BatchOutcome, ChunkError, LockLost
 from actors.ref import ManagerRef, ManagerStopped, Outbox, Posted, Reply
 from actors.report import Reporter
-from actors.scripts import DEFAULT_MAX_BATCH, RedisRenewer
+from actors.scripts import DEFAULT_MAX_BATCH, RedisRenewer, require_replicas
 from actors.telemetry import Log, span_facts, tick_span
 from actors.timer import Alarm, ThreadTimer
 from actors.timing import (
@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from actors.jobs import Validity
     from actors.messages import LostLock, Renewer
     from actors.report import Stats
+    from actors.scripts import Replicas
     from actors.telemetry import RecordThread
     from actors.timer import Timer, TimerFactory
 
@@ -442,6 +443,7 @@ class LockManager(pykka.ThreadingActor):
         timer: TimerFactory | None = None,
         safety_margin: int | None = None,
         isolation: str = "thread",
+        replicas: int | Replicas | None = None,
     ) -> None:
         if require_isolation(isolation) != "thread":
             raise TypeError(f"start a manager of isolation={isolation!r} with start_link")
@@ -462,7 +464,11 @@ class LockManager(pykka.ThreadingActor):
             if connection is None:
                 raise TypeError("connection is required (a redis.Redis, a RedisCluster or a URL)")
             renewer = RedisRenewer(
-                connection, keys, self._timing, self.safety_margin, self._max_batch
+                connection, keys, self._timing, self.safety_margin, self._max_batch, replicas
+            )
+        elif require_replicas(replicas) is not None:
+            raise TypeError(
+                "replicas= is for the Redis renewer: a renewer= confirms its own writes"
             )
         elif connection is not None:
             raise TypeError("pass connection or renewer, not both")
@@ -601,6 +607,10 @@ class LockManager(pykka.ThreadingActor):
     def taker(self) -> Callable[..., Any] | None:
         """Return ``None``: this manager renews from the worker, which runs such a script itself."""
         return None
+
+    def failures(self) -> str:
+        """The ticks failed since the last that worked (read from any thread: a snapshot)."""
+        return self._reporter.counters.failures()
 
     def outbox(self) -> Outbox:
         """Return a new :class:`Outbox` of this manager (thread-safe)."""

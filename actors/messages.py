@@ -41,6 +41,7 @@ __all__ = [
     "IsTracked",
     "LockLost",
     "LostLock",
+    "NotReplicatedError",
     "Notify",
     "Reason",
     "Renewer",
@@ -404,6 +405,39 @@ class UnconfirmedLossError(RedisError):
     of the slot's keys were), or when the read-back itself failed. The job
     stays tracked and the next tick tries it again.
     """
+
+
+class NotReplicatedError(RedisError):
+    """Fewer replicas confirmed a write than the caller asked for (``WAIT``, ``WAITAOF``).
+
+    The primary ran the write; a failover to a replica that did not confirm it
+    may undo it. A renewal so answered moves no watched lock's deadline.
+    """
+
+    def __init__(
+        self, acked: int, wanted: int, timeout: int, command: str = "WAIT", refused: str = ""
+    ) -> None:
+        #: How many replicas confirmed the write.
+        self.acked = acked
+        #: How many were asked for.
+        self.wanted = wanted
+        #: How long the server was asked to wait for them, in milliseconds.
+        self.timeout = timeout
+        #: ``"WAIT"`` or ``"WAITAOF"``.
+        self.command = command
+        #: The server's error, when it refused the command itself.
+        self.refused = refused
+        super().__init__(
+            f"{command} failed, so no replica's confirmation could be counted: {refused}"
+            if refused
+            else f"{acked} of {wanted} replica(s) confirmed the write within {timeout} ms "
+            f"({command})"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Crosses from the child process whole, not as its message alone.
+        fields = (self.acked, self.wanted, self.timeout, self.command, self.refused)
+        return (type(self), fields)
 
 
 class Renewer(Protocol):

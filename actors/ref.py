@@ -391,6 +391,10 @@ class _Manager(Protocol):
         """A new outbox of the manager."""
         ...
 
+    def failures(self) -> str:
+        """The ticks failed since the last that worked, and the last one's error; ``""`` if none."""
+        ...
+
 
 class ManagerRef(pykka.ActorRef[Any]):
     """A :class:`~actors.LockManager`'s ``ActorRef``; use it as any pykka reference."""
@@ -449,6 +453,15 @@ class ManagerRef(pykka.ActorRef[Any]):
         """
         self._here()
         return self._manager.outbox()
+
+    def failures(self) -> str:
+        """Say how many ticks failed since the last that worked, and with what; ``""`` if none.
+
+        What a lease adds to a loss it finds itself, past its deadline: why no
+        renewal was confirmed (the server unreachable, replicas that did not
+        confirm).
+        """
+        return self._manager.failures()
 
     def is_alive(self) -> bool:
         """Whether the manager runs, in this process (never in a fork of the one it started in)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -27,12 +28,20 @@ from actors.connection import (
     client_for_url,
     command_timeout,
     is_cluster,
+    socket_timeout,
     unreachable_message,
 )
 from actors.keys import hash_slot, lock_key
-from actors.messages import EXPIRED, STOLEN, BatchOutcome, ChunkError, UnconfirmedLossError
+from actors.messages import (
+    EXPIRED,
+    STOLEN,
+    BatchOutcome,
+    ChunkError,
+    NotReplicatedError,
+    UnconfirmedLossError,
+)
 from actors.telemetry import Log
-from actors.timing import check_lock_duration, require_int
+from actors.timing import MAX_DURATION_MS, check_lock_duration, require_int
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -44,16 +53,22 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_BATCH",
+    "MAX_REPLICAS",
     "RAW",
     "RELEASE_SCRIPT",
+    "REPLICA_TIMEOUT_MS",
     "SCRIPT_NAME",
     "RedisRenewer",
+    "Replicas",
     "classify_failed",
     "extend_locks",
     "lock_holds",
     "release_locks",
     "renew_batch",
     "require_batch",
+    "require_replicas",
+    "require_wait",
+    "require_wait_async",
     "run_chunks",
     "script_sha",
     "script_source",
@@ -71,6 +86,171 @@ DEFAULT_MAX_BATCH = 250
 
 #: File name of the compare-and-delete of one lock.
 RELEASE_SCRIPT = "releaseLock-1.lua"
+
+
+#: Most replicas a write may wait for. Each replica is one of the server's
+#: clients, and 10,000 is a server's default ``maxclients``.
+MAX_REPLICAS = 10_000
+
+#: How long a write waits for its replicas when no timeout is given, in
+#: milliseconds (a manager waits at most half its per-attempt wait).
+REPLICA_TIMEOUT_MS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Replicas:
+    """Writes count once ``count`` replicas confirmed them: ``replicas=`` of managers and helpers.
+
+    The write is followed, on its connection and in its round trip, by
+    ``WAIT count timeout`` (or, with ``aof``, ``WAITAOF 0 count timeout``: the
+    replicas wrote it to their append-only file). Fewer confirmations than
+    ``count`` make the write :class:`~actors.messages.NotReplicatedError`:
+    a renewal so answered moves no watched lock's deadline, a fence or a
+    guarded write raises it.
+
+    Example:
+        >>> start_link(connection=url, keys=keys, replicas=Replicas(1, timeout=200))
+
+    Raises:
+        TypeError: ``count`` or ``timeout`` is not an ``int``, ``aof`` not a ``bool``.
+        ValueError: ``count`` is below 0 or above :data:`MAX_REPLICAS`, or
+            ``timeout`` is not positive (``WAIT``'s 0 would wait for ever).
+    """
+
+    #: How many replicas must confirm each write; 0 asks for none.
+    count: int
+    #: Milliseconds the server waits for them; :data:`REPLICA_TIMEOUT_MS`, or
+    #: what fits a manager's windows, when ``None``.
+    timeout: int | None = None
+    #: Wait for the replicas' append-only files (``WAITAOF``, Redis 7.2 and Valkey 8).
+    aof: bool = False
+
+    def __post_init__(self) -> None:
+        # Kept as plain ints: an IntEnum would reach the server as its name.
+        count = require_int(self.count, "replicas count", minimum=0, maximum=MAX_REPLICAS)
+        object.__setattr__(self, "count", count)
+        if self.timeout is not None:
+            timeout = require_int(self.timeout, "replicas timeout", maximum=MAX_DURATION_MS)
+            object.__setattr__(self, "timeout", timeout)
+        if type(self.aof) is not bool:
+            raise TypeError(f"replicas aof must be a bool, got {type(self.aof).__name__}")
+
+    @property
+    def wait_ms(self) -> int:
+        """The timeout the server is sent, in milliseconds."""
+        return REPLICA_TIMEOUT_MS if self.timeout is None else self.timeout
+
+    def command(self) -> tuple[Any, ...]:
+        """The command that follows a write: ``WAIT`` or ``WAITAOF``."""
+        if self.aof:
+            return ("WAITAOF", 0, self.count, self.wait_ms)
+        return ("WAIT", self.count, self.wait_ms)
+
+    def shortfall(self, reply: object) -> NotReplicatedError | None:
+        """Read the command's reply: ``None`` once enough replicas confirmed, else the error."""
+        command = str(self.command()[0])
+        acked = reply[1] if self.aof and isinstance(reply, list) and len(reply) == 2 else reply
+        if isinstance(reply, Exception) or isinstance(acked, bool) or not isinstance(acked, int):
+            refused = str(reply) if isinstance(reply, Exception) else f"it returned {reply!r}"
+            return NotReplicatedError(0, self.count, self.wait_ms, command, refused or "?")
+        if acked >= self.count:
+            return None
+        return NotReplicatedError(acked, self.count, self.wait_ms, command)
+
+
+def require_replicas(
+    replicas: object, *, limit_ms: float | None = None, conn: object = None
+) -> Replicas | None:
+    """Check ``replicas=`` in one place; ``None`` (or 0) asks for no confirmation.
+
+    The server's wait may take half of what the write may take at most: the
+    other half is the calls' own and the reply's.
+
+    Args:
+        replicas: ``None``, an ``int`` count, or a :class:`Replicas`.
+        limit_ms: A manager's wait per attempt (see
+            :func:`~actors.connection.command_timeout`): the timeout is half of
+            it at most (and that, up to :data:`REPLICA_TIMEOUT_MS`, when not given).
+        conn: The client the writes go through: the timeout is half its
+            ``socket_timeout`` at most; a cluster client is refused.
+
+    Raises:
+        TypeError: ``replicas`` is of another kind, or ``conn`` is a cluster client.
+        ValueError: The count is out of range, or the timeout does not fit
+            ``limit_ms`` or the client's ``socket_timeout``.
+    """
+    if replicas is None:
+        return None
+    if not isinstance(replicas, Replicas):
+        if isinstance(replicas, bool) or not isinstance(replicas, int):
+            raise TypeError(
+                f"replicas must be an int or an actors.Replicas, got {type(replicas).__name__}"
+            )
+        replicas = Replicas(replicas)
+    if replicas.count == 0:
+        return None
+    if is_cluster(conn) or isinstance(conn, redis.asyncio.RedisCluster):
+        raise TypeError(
+            "replicas= is not taken with a Redis Cluster client: a cluster pipeline sends a "
+            "write redirected by MOVED again to another node, after the wait on the first one "
+            "was answered, so the wait would vouch for a write it never saw"
+        )
+    if limit_ms is not None:
+        most = max(1, int(limit_ms // 2))
+        if replicas.timeout is None:
+            replicas = Replicas(replicas.count, min(REPLICA_TIMEOUT_MS, most), replicas.aof)
+        elif replicas.timeout > most:
+            raise ValueError(
+                f"replicas timeout must be at most {most} ms (half a renewal's {limit_ms:g} ms "
+                f"wait per attempt), got {replicas.timeout}: a renewal answered later can no "
+                "longer keep a watched lock's deadline"
+            )
+    given = socket_timeout(conn) if conn is not None else None
+    if given is not None and replicas.wait_ms > given * 1000 / 2:
+        raise ValueError(
+            f"replicas timeout is {replicas.wait_ms} ms but the client gives up a reply after "
+            f"socket_timeout={given:g} s: wait at most half of that "
+            f"(Replicas({replicas.count}, timeout={max(1, int(given * 500))})), "
+            "or build the client with a longer socket_timeout"
+        )
+    return replicas
+
+
+def require_wait(conn: Any, replicas: Replicas) -> None:
+    """Raise ``ValueError`` if the server refuses the replicas' wait; nothing if unreachable.
+
+    One round trip (``WAIT 0 1`` or ``WAITAOF 0 0 1``: they ask for nothing, so
+    they return at once), at the call that asked for it: the error names the
+    option rather than coming back from every tick.
+    """
+    try:
+        conn.execute_command(*_probe(replicas))
+    except (redis.ConnectionError, redis.TimeoutError):
+        return  # each write says so then
+    except redis.RedisError as exc:
+        raise _refused(replicas, exc) from None
+
+
+async def require_wait_async(conn: Any, replicas: Replicas) -> None:
+    """:func:`require_wait` on a ``redis.asyncio`` client."""
+    try:
+        await conn.execute_command(*_probe(replicas))
+    except (redis.ConnectionError, redis.TimeoutError):
+        return
+    except redis.RedisError as exc:
+        raise _refused(replicas, exc) from None
+
+
+def _probe(replicas: Replicas) -> tuple[Any, ...]:
+    return ("WAITAOF", 0, 0, 1) if replicas.aof else ("WAIT", 0, 1)
+
+
+def _refused(replicas: Replicas, exc: redis.RedisError) -> ValueError:
+    command = "WAITAOF" if replicas.aof else "WAIT"
+    hint = ""
+    if replicas.aof and "unknown command" in str(exc).lower():
+        hint = " (WAITAOF needs Redis 7.2 or later, or Valkey 8): use aof=False"
+    return ValueError(f"replicas= needs {command}, which the server refused: {exc}{hint}")
 
 
 @lru_cache(maxsize=4)
@@ -138,16 +318,26 @@ def _send_chunks(
     bounds: list[tuple[int, int]],
     *,
     with_source: bool = False,
+    replicas: Replicas | None = None,
 ) -> list[Any]:
+    """Send the chunks' calls, then the replicas' wait if any, in one round trip; return replies.
+
+    The wait goes on the calls' own connection: it counts the replicas that
+    have every write made on that connection.
+    """
+
     # EVALSHA by hand, not redis-py's Script: its pipeline sends SCRIPT EXISTS
     # before every batch, a second round trip on each tick.
     def calls() -> Iterator[tuple[Any, ...]]:
         for start, stop in bounds:
             args = _evalsha_args(keys, job_ids[start:stop], tokens[start:stop], duration)
             yield _with_source(args) if with_source else args
+        if replicas is not None:
+            yield replicas.command()
 
+    count = len(bounds) + (replicas is not None)
     if not is_cluster(conn) and not _caches(conn):
-        return _stream(conn, calls, len(bounds))
+        return _stream(conn, calls, count)
     pipe = conn.pipeline(transaction=False)
     # Routed by hand: a cluster pipeline otherwise asks its default node for
     # each EVALSHA's keys, and fails while that node is down.
@@ -186,6 +376,7 @@ def _stream(conn: Any, calls: Callable[[], Iterator[tuple[Any, ...]]], count: in
         replies: list[Any] = []
         for _ in range(count):
             try:
+                # EVALSHA's and WAIT's replies need no callback: read as they come.
                 replies.append(conn.parse_response(connection, "EVALSHA"))
             except ResponseError as exc:
                 replies.append(exc)
@@ -211,14 +402,19 @@ def run_chunks(
     tokens: Sequence[str],
     duration: int,
     max_batch: int,
+    replicas: Replicas | None = None,
 ) -> BatchOutcome:
     """Run the script over ``job_ids`` in chunks of ``max_batch``, all in one round trip.
 
     Nothing is checked here (see :func:`renew_batch`). A chunk answered
     NOSCRIPT is sent again once the script is loaded (on a cluster, as EVAL).
+    With ``replicas``, each round trip ends with their wait; when fewer
+    replicas confirmed, every chunk that ran is also in ``errors``, with a
+    :class:`~actors.messages.NotReplicatedError` (its failed ids stand).
 
     Returns:
-        The ids each chunk that ran reported, and the chunks that did not run.
+        The ids each chunk that ran reported, and the chunks that did not run
+        (or ran unconfirmed by the replicas).
 
     Raises:
         redis.exceptions.RedisError: The connection failed: no chunk is known
@@ -226,7 +422,8 @@ def run_chunks(
     """
     total = len(job_ids)
     bounds = [(start, min(start + max_batch, total)) for start in range(0, total, max_batch)]
-    replies = _send_chunks(conn, keys, job_ids, tokens, duration, bounds)
+    replies = _send_chunks(conn, keys, job_ids, tokens, duration, bounds, replicas=replicas)
+    confirmations = [replies.pop()] if replicas is not None else []
     missing = [i for i, reply in enumerate(replies) if _is_noscript(reply)]
     if missing:
         # The server lost its script cache (restart, SCRIPT FLUSH, failover):
@@ -239,7 +436,12 @@ def run_chunks(
             except ResponseError:  # SCRIPT refused (an ACL) while EVAL is allowed
                 with_source = True
         again = [bounds[i] for i in missing]
-        resent = _send_chunks(conn, keys, job_ids, tokens, duration, again, with_source=with_source)
+        resent = _send_chunks(
+            conn, keys, job_ids, tokens, duration, again, with_source=with_source, replicas=replicas
+        )
+        if replicas is not None:
+            # Perhaps another connection: each wait vouches for its own writes.
+            confirmations.append(resent.pop())
         for i, reply in zip(missing, resent, strict=True):
             replies[i] = reply
     failed: list[str] = []
@@ -251,6 +453,16 @@ def run_chunks(
             failed.extend(_as_ids(reply))
         except ResponseError as exc:
             errors.append(ChunkError(start, stop, exc))
+    shortfall = None
+    if replicas is not None:
+        shortfall = next(filter(None, map(replicas.shortfall, confirmations)), None)
+    if shortfall is not None:
+        refused = {(chunk.start, chunk.stop) for chunk in errors}
+        errors.extend(
+            ChunkError(start, stop, shortfall)
+            for start, stop in bounds
+            if (start, stop) not in refused
+        )
     return BatchOutcome(failed, errors)
 
 
@@ -361,7 +573,12 @@ def _reported_entries(
 
     An entry holding its token is reported only when the script could not see the lock.
     """
-    skipped = {i for error in outcome.errors for i in range(error.start, error.stop)}
+    skipped = {
+        i
+        for error in outcome.errors
+        if not isinstance(error.error, NotReplicatedError)  # those ran
+        for i in range(error.start, error.stop)
+    }
     found: dict[str, list[tuple[int, bool]]] = {job_id: [] for job_id in value_of}
     for i, job_id in enumerate(job_ids):
         slot = found.get(job_id)
@@ -431,6 +648,7 @@ def renew_batch(
     *,
     max_batch: int = DEFAULT_MAX_BATCH,
     check_items: bool = True,
+    replicas: Replicas | None = None,
 ) -> BatchOutcome:
     """Renew many locks in one round trip, ``max_batch`` ids per script call.
 
@@ -450,9 +668,12 @@ def renew_batch(
         max_batch: Most ids per script call.
         check_items: Check that every id and token is a non-empty ``str``
             (the lock manager checked them already when they were tracked).
+        replicas: Replicas that must confirm the renewals (see
+            :class:`Replicas`; checked by :func:`require_replicas`).
 
     Returns:
-        The failed ids of the chunks that ran, and the chunks that did not.
+        The failed ids of the chunks that ran, and the chunks that did not
+        (or ran unconfirmed by the replicas).
 
     Raises:
         ValueError: Mismatched lengths, an empty id or token, a bad duration
@@ -464,7 +685,7 @@ def renew_batch(
     max_batch = require_int(max_batch, "max_batch")
     if not job_ids:
         return BatchOutcome([], [])
-    outcome = run_chunks(conn, keys, job_ids, tokens, duration, max_batch)
+    outcome = run_chunks(conn, keys, job_ids, tokens, duration, max_batch, replicas)
     if outcome.failed:
         outcome = classify_failed(conn, keys, job_ids, tokens, outcome)
     return outcome
@@ -478,6 +699,7 @@ def extend_locks(
     duration: int,
     *,
     max_batch: int | None = None,
+    replicas: int | Replicas | None = None,
 ) -> list[str]:
     """Renew the locks of ``job_ids`` with ``extendLocks-1.lua``.
 
@@ -492,6 +714,8 @@ def extend_locks(
         tokens: Each job's lock token, in the same order.
         duration: The new lock TTL, in milliseconds.
         max_batch: Most ids per script call; ``None`` sends all of them in one.
+        replicas: Replicas that must confirm the renewals, as a count or a
+            :class:`Replicas` (``None``: the primary's word is enough).
 
     Returns:
         The ids whose lock was gone or held by another token, as ``str``; an
@@ -499,12 +723,19 @@ def extend_locks(
         without a round trip.
 
     Raises:
-        ValueError: Mismatched lengths, an empty id or token, or a bad
-            duration; nothing is sent.
+        ValueError: Mismatched lengths, an empty id or token, a bad
+            duration or ``replicas``; nothing is sent.
+        NotReplicatedError: Fewer replicas confirmed the renewals than asked.
         redis.exceptions.RedisError: The server or the connection failed.
     """
     outcome = renew_batch(
-        conn, keys, job_ids, tokens, duration, max_batch=max_batch or max(len(job_ids), 1)
+        conn,
+        keys,
+        job_ids,
+        tokens,
+        duration,
+        max_batch=max_batch or max(len(job_ids), 1),
+        replicas=require_replicas(replicas, conn=conn),
     )
     if outcome.errors:
         raise outcome.errors[0].error
@@ -526,14 +757,17 @@ class RedisRenewer:
             bounds an attempt.
         safety_margin: The watched locks' margin in ms.
         max_batch: Most ids per script call; a batch's calls share one round trip.
+        replicas: Replicas that must confirm each renewal before a watched
+            lock's deadline moves (a count or a :class:`Replicas`).
 
     Raises:
         TypeError: ``connection`` is not a client or a URL; ``max_batch`` is
-            not an ``int``.
+            not an ``int``; ``replicas`` is of another kind.
         ValueError: ``max_batch`` is not positive, ``lock_duration`` is under
             :data:`~actors.timing.MIN_REDIS_LOCK_DURATION`, the client's
-            encoding is not UTF-8, or a cluster client was given for keys that
-            cannot share one slot.
+            encoding is not UTF-8, a cluster client was given for keys that
+            cannot share one slot, or ``replicas`` is out of range or waits
+            longer than a renewal may take; ``WAITAOF`` on a server without it.
     """
 
     def __init__(
@@ -543,6 +777,7 @@ class RedisRenewer:
         timing: Timing,
         safety_margin: int,
         max_batch: int = DEFAULT_MAX_BATCH,
+        replicas: int | Replicas | None = None,
     ) -> None:
         self._max_batch = require_int(max_batch, "max_batch")
         check_lock_duration(timing.lock_duration)
@@ -552,7 +787,17 @@ class RedisRenewer:
             if isinstance(connection, str)
             else connection
         )
-        check_client(conn, keys, timing, safety_margin)
+        try:
+            check_client(conn, keys, timing, safety_margin)
+            limit = command_timeout(timing, safety_margin, cluster=is_cluster(conn)) * 1000
+            #: The replicas each renewal waits for, if any.
+            self.replicas = require_replicas(replicas, limit_ms=limit, conn=conn)
+            if self.replicas is not None:
+                require_wait(conn, self.replicas)
+        except BaseException:
+            if self._owns:
+                conn.close()
+            raise
         self.connection: Client = conn
         self.keys = keys
         self.lock_duration = timing.lock_duration
@@ -569,7 +814,14 @@ class RedisRenewer:
         try:
             # Every id and token was checked when the job was tracked.
             return renew_batch(
-                conn, keys, job_ids, tokens, duration, max_batch=self._max_batch, check_items=False
+                conn,
+                keys,
+                job_ids,
+                tokens,
+                duration,
+                max_batch=self._max_batch,
+                check_items=False,
+                replicas=self.replicas,
             )
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._unreachable(exc)

@@ -26,6 +26,8 @@ from actors.scripts import DEFAULT_MAX_BATCH
 if TYPE_CHECKING:
     import redis
 
+    from actors.scripts import Replicas
+
 __all__ = ["LOCK_LOST", "ActorLockManager", "use_actor_lock_manager"]
 
 
@@ -35,6 +37,7 @@ def use_actor_lock_manager(
     connection: redis.Redis | redis.RedisCluster | str | None = None,
     max_batch: int = DEFAULT_MAX_BATCH,
     isolation: str = "thread",
+    replicas: int | Replicas | None = None,
 ) -> ActorLockManager:
     """Make a bullmq ``Worker`` renew its locks from a thread; call before it runs.
 
@@ -59,6 +62,8 @@ def use_actor_lock_manager(
             cluster or Sentinel-managed client must be passed).
         max_batch: Most ids per script call.
         isolation: ``"thread"`` or ``"process"`` (see :func:`actors.start_link`).
+        replicas: Replicas that must confirm each renewal before a job's
+            deadline moves (see :func:`actors.start_link`).
 
     Returns:
         The installed manager (also ``worker.lockManager``), the first if installed twice.
@@ -67,7 +72,8 @@ def use_actor_lock_manager(
         TypeError: ``worker`` is not a bullmq ``Worker`` on Redis, or the
             connection cannot be used.
         RuntimeError: The worker is running or closed.
-        ValueError: The worker's durations cannot make a schedule.
+        ValueError: The worker's durations cannot make a schedule, or
+            ``replicas`` is out of range or waits longer than a renewal may.
     """
     current = getattr(worker, "lockManager", None)
     opts = getattr(worker, "opts", None)
@@ -91,6 +97,7 @@ def use_actor_lock_manager(
         connection=connection,
         max_batch=max_batch,
         isolation=isolation,
+        replicas=replicas,
     )
     worker.lockManager = installed
     if installed.renews:

@@ -23,12 +23,14 @@ from actors.bullmq.runs import (
     abort_reason,
     monotonic_from_wall,
 )
+from actors.connection import command_timeout, is_cluster
 from actors.jobs import Validity
 from actors.keys import QueueKeys
 from actors.messages import LockLost, TrackJob, UntrackJob
 from actors.ref import ManagerStopped
 from actors.report import TellsInBatches
-from actors.scripts import DEFAULT_MAX_BATCH, lock_holds
+from actors.scripts import DEFAULT_MAX_BATCH, lock_holds, require_replicas, require_wait
+from actors.timing import Timing
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from actors.messages import LostLock
     from actors.process.take import Taken
     from actors.ref import ManagerRef, Outbox
+    from actors.scripts import Replicas
 
 __all__ = ["LOCK_LOST", "ActorLockManager"]
 
@@ -76,11 +79,13 @@ class ActorLockManager(TellsInBatches):
             ``None``, built from the worker's ``connection`` option.
         max_batch: Most ids per script call (see :func:`actors.start_link`).
         isolation: ``"thread"`` or ``"process"`` (see :func:`actors.start_link`).
+        replicas: Replicas that must confirm each renewal (see :func:`actors.start_link`).
 
     Raises:
         TypeError: A duration is not an ``int``, or the connection cannot be
             used (see :func:`~actors.bullmq.use_actor_lock_manager`).
-        ValueError: ``lock_renew_time`` is not below ``lock_duration``.
+        ValueError: ``lock_renew_time`` is not below ``lock_duration``, or
+            ``replicas`` is out of range or waits longer than a renewal may.
     """
 
     def __init__(
@@ -94,6 +99,7 @@ class ActorLockManager(TellsInBatches):
         connection: redis.Redis | redis.RedisCluster | str | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
         isolation: str = "thread",
+        replicas: int | Replicas | None = None,
     ) -> None:
         self.worker = worker
         self.lock_renew_time = lock_renew_time
@@ -131,10 +137,23 @@ class ActorLockManager(TellsInBatches):
         #: The synchronous client the manager renews with; ``None`` with renewal off.
         self.connection: redis.Redis | redis.RedisCluster | None = None
         self._owns_connection = False
+        replicas = require_replicas(replicas)  # checked with renewal off too
         if self.renews:
             self.connection, self._owns_connection = renewal_client(
                 worker, connection, lock_duration, lock_renew_time
             )
+            timing = Timing(lock_duration, lock_renew_time)
+            limit = command_timeout(timing, cluster=is_cluster(self.connection)) * 1000
+            try:
+                replicas = require_replicas(replicas, limit_ms=limit, conn=self.connection)
+                if replicas is not None:
+                    require_wait(self.connection, replicas)
+            except BaseException:
+                if self._owns_connection:
+                    self.connection.close()
+                raise
+        #: The replicas each renewal waits for, if any.
+        self.replicas = replicas
 
     @property
     def keys(self) -> QueueKeys:
@@ -168,6 +187,7 @@ class ActorLockManager(TellsInBatches):
             on_error=self._error_from_thread,
             max_batch=self._max_batch,
             isolation=self._isolation,
+            replicas=self.replicas,
         )
         self._span = self.manager.trusted_for()
         self._outbox = self.manager.outbox()

@@ -36,7 +36,7 @@ from actors.connection import client_like, client_settings, command_timeout
 from actors.keys import QueueKeys
 from actors.messages import BatchOutcome
 from actors.process.shared import Tick, Writer, map_cells
-from actors.scripts import RedisRenewer
+from actors.scripts import RedisRenewer, Replicas
 from actors.timing import Timing, monotonic_ms, next_tick, yield_interpreter
 
 if TYPE_CHECKING:
@@ -127,6 +127,10 @@ class Child:
         margin = config["safety_margin"]
         self._client = client_like(config["connection"], timeout=command_timeout(timing, margin))
         self._renewer = RedisRenewer(self._client, self._keys, timing, margin, config["max_batch"])
+        if config["replicas"] is not None:
+            # Checked by the worker (WAITAOF included): no round trip here, where
+            # a server that does not answer would hold up the child's start.
+            self._renewer.replicas = Replicas(*config["replicas"])
         self._max_batch: int = config["max_batch"]
         # Margin 0: the child lets a watched lock go only once the server may
         # have expired it; the worker's manager, with the margin, decides first.

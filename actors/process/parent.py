@@ -40,7 +40,7 @@ from actors.connection import client_like, client_settings, command_timeout, enc
 from actors.lock_manager import Fired, LockManager, TicksFirst
 from actors.process.shared import Cells, SharedValidity, Tick, Writer
 from actors.process.take import Takes
-from actors.scripts import DEFAULT_MAX_BATCH
+from actors.scripts import DEFAULT_MAX_BATCH, Replicas, require_replicas, require_wait
 from actors.telemetry import Log
 from actors.timer import ThreadTimer
 from actors.timing import DEFAULT_LOCK_DURATION, check_lock_duration, yield_interpreter
@@ -242,6 +242,7 @@ class ProcessLockManager(LockManager, isolation="process"):
         timer: TimerFactory | None = None,
         safety_margin: int | None = None,
         isolation: str = "process",
+        replicas: int | Replicas | None = None,
     ) -> None:
         for name, given in (("renewer", renewer), ("clock", clock), ("timer", timer)):
             if given is not None:
@@ -266,6 +267,8 @@ class ProcessLockManager(LockManager, isolation="process"):
                 validity=self._cells.validity,
             )
             check_lock_duration(self._timing.lock_duration)
+            confirm = self._replicas(connection, replicas)
+            waits = None if confirm is None else (confirm.count, confirm.timeout, confirm.aof)
             self._config: dict[str, Any] = {
                 "connection": connection_spec(connection),
                 "queue": keys.name,
@@ -274,6 +277,7 @@ class ProcessLockManager(LockManager, isolation="process"):
                 "lock_renew_time": self._timing.lock_renew_time,
                 "safety_margin": self.safety_margin,
                 "max_batch": self._max_batch,
+                "replicas": waits,
                 "log_level": logging.getLogger("actors").getEffectiveLevel(),
                 "parent": os.getpid(),
                 "slots": self._cells.slots,
@@ -301,6 +305,18 @@ class ProcessLockManager(LockManager, isolation="process"):
         self._spawned: Child | None = None
         self._start_threads()
         _RUNNING.add(self)
+
+    def _replicas(self, connection: object, replicas: object) -> Replicas | None:
+        """Check ``replicas=`` against the child's wait per attempt (and ``WAITAOF``, once)."""
+        timeout = command_timeout(self._timing, self.safety_margin)
+        confirm = require_replicas(replicas, limit_ms=timeout * 1000)
+        if confirm is not None:
+            client = client_like(connection_spec(connection), timeout=timeout)
+            try:
+                require_wait(client, confirm)
+            finally:
+                client.close()
+        return confirm
 
     def fencing(self) -> tuple[Client, QueueKeys]:
         """Return the worker's client for fences: the one given, or one built once from the URL."""

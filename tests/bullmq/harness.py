@@ -351,12 +351,13 @@ class Bench:
         connection: Any = None,
         connection_for_renewal: Any = None,
         isolation: str = "thread",
+        replicas: int | None = None,
     ) -> RunningWorker:
         """Create a worker on a new loop thread, install our manager if ``actor``, and run it.
 
         ``connection`` is the worker's own; ``connection_for_renewal`` the
         manager's, when it is not to be built from the worker's; ``isolation``
-        the manager's mode.
+        and ``replicas`` the manager's.
         """
         loop = LoopThread(f"bullmq-{name}")
         events = WorkerEvents()
@@ -368,7 +369,10 @@ class Bench:
             worker = Worker(self.queue, processor, options)
             installed = (
                 use_actor_lock_manager(
-                    worker, connection=connection_for_renewal, isolation=isolation
+                    worker,
+                    connection=connection_for_renewal,
+                    isolation=isolation,
+                    replicas=replicas,
                 )
                 if actor
                 else None

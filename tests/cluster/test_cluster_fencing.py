@@ -8,7 +8,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from actors import LockLost, QueueKeys, fence, guarded, release
+from actors import LockLost, QueueKeys, extend_locks, fence, guarded, release, start_link
 from tests.support import new_token
 
 pytestmark = pytest.mark.cluster
@@ -137,3 +137,20 @@ def test_a_redis_asyncio_cluster_block_refuses_bytes_discard(
 
     assert asyncio.run(holder()) == [True]
     assert not cluster_client.exists("{fenced}:stale")
+
+
+def test_replicas_are_refused_on_a_cluster_client_before_anything_is_written(
+    cluster_client: redis.RedisCluster,
+) -> None:
+    # A cluster pipeline sends a write redirected by MOVED again, to the slot's
+    # new owner, after the WAIT beside it was answered by the old one: that
+    # WAIT would vouch for a write it never saw.
+    token = hold(cluster_client)
+    for call in (fence, release, guarded):
+        with pytest.raises(TypeError, match="Redis Cluster client"):
+            call(cluster_client, KEYS, "42", token, replicas=1)
+    with pytest.raises(TypeError, match="Redis Cluster client"):
+        extend_locks(cluster_client, KEYS, ["42"], [token], 30_000, replicas=1)
+    with pytest.raises(TypeError, match="Redis Cluster client"):
+        start_link(connection=cluster_client, keys=KEYS, replicas=1)
+    assert cluster_client.get(KEYS.lock("42")) == token.encode()

@@ -269,18 +269,28 @@ def replicating(replica: redis.Redis, primary: EmbeddedServer) -> None:
 
 
 @pytest.mark.parametrize("run", RUNS)
-def test_failover_to_a_replica_that_missed_renewals_the_job_is_told_within_a_tick(
+@pytest.mark.parametrize("replicas", [0, 1], ids=["primary-only", "replicas=1"])
+def test_failover_to_a_replica_that_missed_renewals(
     run: int,
+    replicas: int,
     private_server: EmbeddedServer,
     proxy: FaultProxy,
     direct: redis.Redis,
     record: FaultRecord,
 ) -> None:
-    record.fault = "failover to a replica that missed the last renewals"
-    record.asserted = "told within one interval + the command timeout of the failover"
+    record.fault = "failover to a replica that missed the last renewals" + (
+        ", renewals confirmed by the replica (replicas=1)" if replicas else ""
+    )
+    record.asserted = (
+        "told before the replica's copy expires; overlap 0"
+        if replicas
+        else "told within one interval + the command timeout of the failover"
+    )
     second = EmbeddedServer(default_engine()).start()
     replica = redis.Redis.from_url(second.url, socket_timeout=10)
-    manager = actors.start_link(connection=proxy.url, keys=KEYS, lock_duration=LOCK_MS)
+    manager = actors.start_link(
+        connection=proxy.url, keys=KEYS, lock_duration=LOCK_MS, replicas=replicas
+    )
     thief_on_replica: Thief | None = None
     try:
         token = take(direct)
@@ -290,20 +300,28 @@ def test_failover_to_a_replica_that_missed_renewals_the_job_is_told_within_a_tic
             watch = Waiter(held)
             # Given a replica cut off from its primary: it keeps the lock as
             # the last replicated renewal left it, while the primary goes on
-            # confirming renewals, and another worker takes the job there
-            # once that copy expires
+            # renewing, and another worker takes the job there once that
+            # copy expires
             replica.execute_command("REPLICAOF", "NO", "ONE")  # type: ignore[no-untyped-call]
-            expired = now_ms() + int(replica.pttl(LOCK_KEY))
+            cut = now_ms()
+            expired = cut + int(replica.pttl(LOCK_KEY))
             thief_on_replica = Thief(second.url)
             taken = thief_on_replica.took(timeout=LOCK_MS / 1000 + 5)
-            assert not held.lost  # the primary still renews it
+            if replicas:
+                # With replicas=1 the renewals the primary took go unconfirmed:
+                # the job heard before the replica's copy could expire
+                told = watch.result()
+                assert held.reason == "unconfirmed"
+            else:
+                assert not held.lost  # the primary's word alone: it still renews
             # When the worker fails over to that replica
             proxy.upstream = (second.host, second.port)
             fault = now_ms()
             proxy.reset()
             proxy.passthrough()
-            told = watch.result()
-            assert held.reason == "stolen"
+            if not replicas:
+                told = watch.result()
+                assert held.reason == "stolen"
     finally:
         actors.stop(manager)
         if thief_on_replica is not None:
@@ -311,8 +329,13 @@ def test_failover_to_a_replica_that_missed_renewals_the_job_is_told_within_a_tic
         replica.close()
         second.stop()
     note(record, fault, told, expired, taken)
-    # Then the job heard within a tick (the client's timeout and a reconnect) of the failover
-    assert told - fault <= TIMING.interval + TIMING.interval // 4 + 1000
+    if replicas:
+        record.notes["cut_to_told_ms"] = told - cut
+        assert told < expired
+        assert told < taken
+    else:
+        # Then the job heard within a tick (the client's timeout and a reconnect) of the failover
+        assert told - fault <= TIMING.interval + TIMING.interval // 4 + 1000
 
 
 @pytest.mark.parametrize("run", RUNS)

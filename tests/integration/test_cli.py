@@ -300,6 +300,10 @@ def test_an_unreachable_server_is_one_line_and_exit_status_1() -> None:
     [
         (["locks", "--url", "http://:hunter2@host", "--queue", "q"], "--url: not a Redis URL"),
         (["locks", "--url", "redis://localhost:port/0", "--queue", "q"], "argument --url"),
+        (
+            ["locks", "--url", "redis+sentinel://:hunter2@s1:26379", "--queue", "q"],
+            "names the primary's service",
+        ),
         (["locks", "--url", "redis://localhost", "--queue", ""], "argument --queue"),
         (["locks", "--url", "redis://localhost"], "required: --queue"),
         (["locks", "--url", "redis://x", "--queue", "q", "--watch", "0"], "argument --watch"),

@@ -16,7 +16,15 @@ import redis.asyncio.sentinel
 import redis.sentinel
 
 from actors import QueueKeys, Timing, start_link, stop, track_job
-from actors.connection import client_like, command_timeout, describe_connection, socket_timeout
+from actors.connection import (
+    SentinelURL,
+    client_for_url,
+    client_like,
+    command_timeout,
+    describe_connection,
+    parse_sentinel_url,
+    socket_timeout,
+)
 from actors.embedded import EmbeddedServer
 from tests.support.polling import wait_for
 from tests.support.recorder import Recorder
@@ -200,6 +208,14 @@ def test_an_asyncio_client_is_refused_naming_its_module_and_the_url_to_pass(
         (redis.Redis.from_url("rediss://app:s3cret@db.example:6380/2"), "rediss://app:***@"),
         (redis.Redis(unix_socket_path="/run/r.sock", password="s3cret"), "unix:///run/r.sock"),
         (redis.Redis(host="h", port=7000, db=1), "redis://h:7000/1"),
+        (
+            "redis+sentinel://:s3cret@s1:26379,s2:26380/mymaster/2",
+            "redis+sentinel://:***@s1:26379,s2:26380/mymaster/2",
+        ),
+        (
+            client_for_url("redis+sentinel://app:s3cret@s1,s2:26380/mymaster/2", timeout=TIMEOUT),
+            "redis+sentinel://app:***@s1:26379,s2:26380/mymaster/2",
+        ),
     ],
 )
 def test_a_connection_is_described_with_its_password_masked(given: object, described: str) -> None:
@@ -258,3 +274,50 @@ def test_a_client_timeout_that_breaks_the_rule_is_warned_with_one_number(
     assert "socket_timeout=2 s" in caplog.text
     assert f"answered after {limit:g} s per attempt" in caplog.text
     assert f"pass socket_timeout={limit:g} (or less)" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("url", "read"),
+    [
+        (
+            "redis+sentinel://s1,s2:26380/mymaster",
+            SentinelURL([("s1", 26379), ("s2", 26380)], "mymaster", 0, None, None, ssl=False),
+        ),
+        (
+            "rediss+sentinel://app:p%40ss@[::1]:5000/my%20primary/3",
+            SentinelURL([("::1", 5000)], "my primary", 3, "app", "p@ss", ssl=True),
+        ),
+        ("redis://h:6379/0", None),
+    ],
+)
+def test_a_sentinel_url_names_its_sentinels_service_and_database(
+    url: str, read: SentinelURL | None
+) -> None:
+    assert parse_sentinel_url(url) == read
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("redis+sentinel://s1:26379", "names the primary's service"),
+        ("redis+sentinel:///mymaster", "at least one sentinel"),
+        ("redis+sentinel://s1:port/mymaster", "port must be a number"),
+        ("redis+sentinel://s1/mymaster/one", "database must be a number"),
+    ],
+)
+def test_a_sentinel_url_missing_a_part_is_refused_saying_which(url: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        client_for_url(url, timeout=TIMEOUT)
+
+
+def test_a_sentinel_url_builds_a_bounded_client_that_asks_the_sentinels() -> None:
+    client = client_for_url("redis+sentinel://:pw@127.0.0.1:1/mymaster/4", timeout=TIMEOUT)
+    pool = client.connection_pool
+    assert isinstance(pool, redis.sentinel.SentinelConnectionPool)
+    assert pool.service_name == "mymaster"
+    assert socket_timeout(client) == TIMEOUT
+    assert pool.connection_kwargs["db"] == 4
+    assert pool.connection_kwargs["password"] == "pw"
+    # No sentinel answers on port 1: the client says so within its timeout.
+    with pytest.raises(redis.sentinel.MasterNotFoundError):
+        client.ping()

@@ -91,6 +91,7 @@ def test_every_message_is_listed_once_under_its_own_operation_name() -> None:
         messages.BatchOutcome,
         messages.ChunkError,
         messages.UnconfirmedLossError,
+        messages.NotReplicatedError,
     }
 
     assert sorted(kind.__name__ for kind in MESSAGES) == sorted(kind.__name__ for kind in declared)
