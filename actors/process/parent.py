@@ -114,7 +114,14 @@ def connection_spec(connection: object) -> str | dict[str, Any]:
             f"connection encodes with {name!r}; lock keys and tokens are UTF-8: build the "
             "client with encoding='utf-8'"
         )
-    settings = client_settings(connection)
+    try:
+        settings = client_settings(connection)
+    except TypeError:
+        raise TypeError(
+            "with isolation='process' the child process builds its own client, and this one "
+            "does not name its server (a Sentinel-managed client?): pass the server's URL, "
+            "redis+sentinel://host:26379[,host:port...]/service for a Sentinel-managed primary"
+        ) from None
     try:
         pickle.dumps(settings)
     except Exception as exc:

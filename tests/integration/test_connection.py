@@ -321,3 +321,9 @@ def test_a_sentinel_url_builds_a_bounded_client_that_asks_the_sentinels() -> Non
     # No sentinel answers on port 1: the client says so within its timeout.
     with pytest.raises(redis.sentinel.MasterNotFoundError):
         client.ping()
+
+
+def test_process_mode_asks_for_the_sentinel_url_of_a_sentinel_managed_client() -> None:
+    given = redis.sentinel.Sentinel([SENTINEL]).master_for("m")
+    with pytest.raises(TypeError, match=r"isolation='process'.*redis\+sentinel://"):
+        start_link(connection=given, keys=QueueKeys("q"), isolation="process")
