@@ -109,18 +109,9 @@ def client_for_url(url: str, *, timeout: float) -> redis.Redis:
     sentinel = parse_sentinel_url(url)
     if sentinel is None:
         return redis.Redis.from_url(url, **bounded)
-    auth: dict[str, Any] = {
-        "username": sentinel.username,
-        "password": sentinel.password,
-        "ssl": sentinel.ssl,
-    }
-    # Only socket_* settings reach the sentinels themselves (redis-py's rule).
-    sentinels = redis.sentinel.Sentinel(
-        sentinel.sentinels,
-        sentinel_kwargs={"socket_timeout": timeout, "socket_connect_timeout": timeout},
-    )
-    client: redis.Redis = sentinels.master_for(sentinel.service, db=sentinel.db, **auth, **bounded)
-    return client
+    found = {"sentinels": sentinel.sentinels, "service": sentinel.service, "ssl": sentinel.ssl}
+    auth = {"username": sentinel.username, "password": sentinel.password}
+    return _sentinel_client(found, timeout, db=sentinel.db, **auth, **bounded)
 
 
 #: Schemes of a URL that names a Sentinel-managed primary (``rediss+`` for TLS to it).
@@ -259,13 +250,16 @@ def client_like(
             "connection options must be a URL, a dict of redis.Redis keywords or a "
             f"redis.Redis / redis.asyncio.Redis client, got {type(options).__name__}"
         )
-    return redis.Redis(
-        **settings,
-        socket_timeout=timeout if bounded else None,
-        socket_connect_timeout=timeout,
-        retry=Retry(NoBackoff(), retries),
+    bounds: dict[str, Any] = {
+        "socket_timeout": timeout if bounded else None,
+        "socket_connect_timeout": timeout,
+        "retry": Retry(NoBackoff(), retries),
         **_NO_SETINFO,
-    )
+    }
+    sentinel = settings.pop("sentinel", None)
+    if sentinel is not None:
+        return _sentinel_client(sentinel, timeout, **settings, **bounds)
+    return redis.Redis(**settings, **bounds)
 
 
 #: Connection classes whose pool's keywords name the server: redis-py's plain
@@ -281,6 +275,9 @@ _PLAIN_CONNECTIONS: tuple[type, ...] = (
 
 
 def _settings_of(pool: Any) -> dict[str, Any]:
+    sentinel = _sentinel_settings(pool)
+    if sentinel is not None:
+        return sentinel
     # A pool that does not name its server, copied, would reach localhost:6379.
     given = pool.connection_kwargs
     kind = pool.connection_class
@@ -307,6 +304,47 @@ def _settings_of(pool: Any) -> dict[str, Any]:
             if key.startswith("ssl_") and key in accepted
         )
     return settings
+
+
+def _sentinel_settings(pool: Any) -> dict[str, Any] | None:
+    """A Sentinel-managed pool's settings: its sentinels and service under ``"sentinel"``."""
+    if not isinstance(pool, (redis.sentinel.SentinelConnectionPool, SentinelPoolAsync)):
+        return None
+    given = pool.connection_kwargs
+    settings = {key: given[key] for key in _COPIED_SETTINGS if key in given}
+    settings.pop("host", None)
+    settings.pop("port", None)
+    manager = pool.sentinel_manager
+    # The sentinels' own credentials, if any; their timeouts are the new client's.
+    auth = {
+        key: value
+        for key, value in (getattr(manager, "sentinel_kwargs", None) or {}).items()
+        if key in ("username", "password")
+    }
+    settings["sentinel"] = {
+        "sentinels": [
+            (kwargs.get("host", "localhost"), kwargs.get("port", 26379))
+            for kwargs in map(connection_kwargs, manager.sentinels)
+        ],
+        "service": pool.service_name,
+        "auth": auth,
+        "ssl": "SSL" in pool.connection_class.__name__,
+    }
+    return settings
+
+
+def _sentinel_client(found: dict[str, Any], timeout: float, **settings: Any) -> redis.Redis:
+    """A client of the primary the sentinels in ``found`` name (see :func:`_sentinel_settings`)."""
+    # The sentinels answer within the timeout, whatever the primary's reads may wait.
+    bounds = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    sentinels = redis.sentinel.Sentinel(
+        [tuple(address) for address in found["sentinels"]],
+        sentinel_kwargs={**found.get("auth", {}), **bounds},
+    )
+    if found.get("ssl"):
+        settings["ssl"] = True
+    client: redis.Redis = sentinels.master_for(found["service"], **settings)
+    return client
 
 
 def client_settings(client: redis.Redis) -> dict[str, Any]:

@@ -29,10 +29,9 @@ from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, Final
 
 import msgpack
-import redis
 
 from actors.books import Books, Report
-from actors.connection import client_like, client_settings, command_timeout
+from actors.connection import client_for_url, client_like, client_settings, command_timeout
 from actors.keys import QueueKeys
 from actors.messages import BatchOutcome
 from actors.process.shared import Tick, Writer, map_cells
@@ -41,6 +40,8 @@ from actors.timing import Timing, monotonic_ms, next_tick, yield_interpreter
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    import redis
 
 __all__ = ["main", "portable"]
 
@@ -415,7 +416,11 @@ class _Taker:
     def _client(self, given: dict[str, Any] | None) -> redis.Redis:
         if given is None:
             spec = self._renewal
-            given = client_settings(redis.Redis.from_url(spec)) if isinstance(spec, str) else spec
+            given = (
+                client_settings(client_for_url(spec, timeout=self._connect_s))
+                if isinstance(spec, str)
+                else spec
+            )
         # Undecoded: the worker decodes the answer as its own client would.
         settings = {**given, "decode_responses": False}
         return client_like(settings, timeout=self._connect_s, bounded=False, retries=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import pickle
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,9 @@ from actors.connection import (
     SentinelURL,
     client_for_url,
     client_like,
+    client_settings,
     command_timeout,
+    connection_kwargs,
     describe_connection,
     parse_sentinel_url,
     socket_timeout,
@@ -171,10 +174,7 @@ def _not_naming_its_server(shape: str) -> object:
     return sentinel.master_for("m")
 
 
-@pytest.mark.parametrize(
-    "shape",
-    ["sentinel_client", "asyncio_sentinel_client", "sentinel_pool_dict", "pool_dict_no_host"],
-)
+@pytest.mark.parametrize("shape", ["pool_dict_no_host"])
 def test_a_client_that_does_not_name_its_server_is_refused_asking_for_the_client(
     shape: str,
 ) -> None:
@@ -323,7 +323,17 @@ def test_a_sentinel_url_builds_a_bounded_client_that_asks_the_sentinels() -> Non
         client.ping()
 
 
-def test_process_mode_asks_for_the_sentinel_url_of_a_sentinel_managed_client() -> None:
-    given = redis.sentinel.Sentinel([SENTINEL]).master_for("m")
-    with pytest.raises(TypeError, match=r"isolation='process'.*redis\+sentinel://"):
-        start_link(connection=given, keys=QueueKeys("q"), isolation="process")
+@pytest.mark.parametrize("shape", ["sentinel_client", "asyncio_sentinel_client"])
+def test_a_sentinel_managed_client_is_copied_as_one_that_asks_the_same_sentinels(
+    shape: str,
+) -> None:
+    given: Any = _not_naming_its_server(shape)
+    # What a child process builds its client from: plain data that crosses a pickle.
+    settings = pickle.loads(pickle.dumps(client_settings(given)))
+    copy = client_like(settings, timeout=TIMEOUT)
+    pool = copy.connection_pool
+    assert isinstance(pool, redis.sentinel.SentinelConnectionPool)
+    assert pool.service_name == "m"
+    assert [connection_kwargs(s)["port"] for s in pool.sentinel_manager.sentinels] == [SENTINEL[1]]
+    assert socket_timeout(copy) == TIMEOUT
+    assert describe_connection(copy).startswith("redis+sentinel://")

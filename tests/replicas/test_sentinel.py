@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import threading
 import time
 from dataclasses import dataclass
@@ -31,9 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
+from bullmq import Queue, Worker
 
 import actors
 from actors import NotReplicatedError, QueueKeys, Replicas
+from actors.bullmq import use_actor_lock_manager
+from actors.cli import main
 from actors.connection import command_timeout
 from actors.timing import Timing, default_safety_margin
 from tests.support import Recorder, take_locks, wait_for
@@ -447,3 +451,69 @@ def test_short_lease_is_told_before_its_lock_expires_on_the_new_primary(
         f"asked, {expired_at - told[0]:.2f} s before its lock expired on the new primary "
         f"(deadline {expired_at - deadline / 1000:.2f} s before)"
     )
+
+
+def test_the_cli_reads_the_locks_through_the_sentinels(
+    sentinels: SentinelSet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client = sentinels.client()
+    token = take_locks(client, KEYS, [JOB], LOCK_MS)[JOB]
+    argv = ["locks", "--url", sentinels.url, "--queue", "q", "--prefix", "bull", "--json"]
+    assert main(argv, prog="echomq-locks") == 0
+    [listed] = json.loads(capsys.readouterr().out)["locks"]
+    assert (listed["job_id"], listed["token"]) == (JOB, token)
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_bullmq_worker_on_sentinel_renews_through_the_failover(
+    sentinels: SentinelSet, isolation: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker on an asyncio Sentinel client, its manager on the Sentinel URL, ``replicas=1``.
+
+    The integration's fetch copies the worker's Sentinel client (so a job is
+    tracked from its fetch), and the job runs once, renewed on the new primary.
+    """
+    runs: list[str] = []
+    aborted: list[bool] = []
+    switched = asyncio.Event()
+
+    async def process(job: Any, token: str, signal: Any) -> str:
+        runs.append(str(job.id))
+        await switched.wait()
+        # Past the failover by more than the lock's whole duration: renewed on the new primary.
+        await asyncio.sleep(1.5 * LOCK_MS / 1000)
+        aborted.append(signal.aborted)
+        return "done"
+
+    async def scenario() -> str:
+        options = {"prefix": "bull", "autorun": False, "lockDuration": LOCK_MS}
+        connection = sentinels.async_client(decode_responses=True)
+        worker = Worker("q", process, {**options, "connection": connection})
+        use_actor_lock_manager(
+            worker, connection=sentinels.url, replicas=REPLICAS, isolation=isolation
+        )
+        running = asyncio.ensure_future(worker.run())
+        queue = Queue(
+            "q", {"connection": sentinels.async_client(decode_responses=True), "prefix": "bull"}
+        )
+        try:
+            job = await queue.add("work", {})
+            while not runs:
+                await asyncio.sleep(0.02)
+            await asyncio.to_thread(_fail_over, sentinels)
+            switched.set()
+            while not aborted:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.5)  # the move to completed, after the processor's return
+            return str(await queue.getJobState(str(job.id)))
+        finally:
+            await queue.close()
+            await worker.close()
+            await running
+            await sentinels.aclose_async_clients()
+
+    state = asyncio.run(asyncio.wait_for(scenario(), FAILOVER_WAIT + 4 * LOCK_MS / 1000))
+    assert runs == ["1"]
+    assert aborted == [False]
+    assert state == "completed"
+    assert "cannot run off the loop" not in caplog.text
