@@ -147,16 +147,16 @@ def parse_sentinel_url(url: str) -> SentinelURL | None:
         ValueError: A Sentinel URL with no sentinel, no service name, a bad
             port or database number.
     """
-    scheme, found, rest = url.partition("://")
-    if not found or scheme.lower() not in SENTINEL_SCHEMES:
+    parts = _sentinel_parts(url)
+    if parts is None:
         return None
-    netloc, _, path = rest.partition("/")
-    userinfo, at, hosts = netloc.rpartition("@")
+    scheme, userinfo, hosts, path = parts
     username = password = None
-    if at:
+    if userinfo is not None:
         user, colon, secret = userinfo.partition(":")
         username = unquote(user) or None
         password = unquote(secret) if colon else None
+    # No value of the URL is quoted back in these errors: it may hold a password.
     sentinels = []
     for item in filter(None, hosts.split(",")):
         if item.startswith("["):  # [IPv6]:port
@@ -164,12 +164,18 @@ def parse_sentinel_url(url: str) -> SentinelURL | None:
             port = after.removeprefix(":")
         else:
             host, _, port = item.partition(":")
-        if port and not port.isdigit():
-            raise ValueError(f"a Sentinel URL's port must be a number, got {port!r}")
+        if not host:
+            raise ValueError("a Sentinel URL names each sentinel's host: host[:port],...")
+        if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError("a Sentinel URL's ports are numbers from 1 to 65535")
         sentinels.append((host, int(port) if port else 26379))
     if not sentinels:
         raise ValueError(
             "a Sentinel URL names at least one sentinel: redis+sentinel://host:26379/name"
+        )
+    if "?" in path or "#" in path:
+        raise ValueError(
+            "a Sentinel URL takes no query or fragment: redis+sentinel://host:26379/service/db"
         )
     service, _, db = path.partition("/")
     if not service:
@@ -177,11 +183,25 @@ def parse_sentinel_url(url: str) -> SentinelURL | None:
             "a Sentinel URL names the primary's service: redis+sentinel://host:26379/mymaster"
         )
     db = db.strip("/")
-    if db and not db.isdigit():
-        raise ValueError(f"a Sentinel URL's database must be a number, got {db!r}")
+    if db and not (db.isascii() and db.isdigit()):
+        raise ValueError("a Sentinel URL's database is a number: /service/db")
     return SentinelURL(
-        sentinels, unquote(service), int(db or 0), username, password, scheme.startswith("rediss")
+        sentinels, unquote(service), int(db or 0), username, password, scheme == "rediss+sentinel"
     )
+
+
+def _sentinel_parts(url: str) -> tuple[str, str | None, str, str] | None:
+    """Split a Sentinel URL: scheme (lower case), user info, hosts, path; ``None`` if not one.
+
+    The user info ends at the last ``@`` before the first ``/``: a password
+    may hold ``#``, ``?`` or ``@`` (``%40``), none of which ends it here.
+    """
+    scheme, found, rest = url.partition("://")
+    if not found or scheme.lower() not in SENTINEL_SCHEMES:
+        return None
+    netloc, _, path = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    return scheme.lower(), userinfo if at else None, hosts, path
 
 
 #: Settings of given options that a client built here sets itself: bounded
@@ -296,14 +316,16 @@ def _settings_of(pool: Any) -> dict[str, Any]:
         settings["unix_socket_path"] = given["path"]
     elif kind in (redis.SSLConnection, redis.asyncio.SSLConnection):
         settings["ssl"] = True
-        # Only the ssl_* keywords this redis-py's Redis() takes.
-        accepted = inspect.signature(redis.Redis.__init__).parameters
-        settings.update(
-            (key, value)
-            for key, value in given.items()
-            if key.startswith("ssl_") and key in accepted
-        )
+        settings.update(_tls_of(given))
     return settings
+
+
+def _tls_of(given: dict[str, Any]) -> dict[str, Any]:
+    """The ``ssl_*`` keywords of ``given`` that this redis-py's ``Redis()`` takes."""
+    accepted = inspect.signature(redis.Redis.__init__).parameters
+    return {
+        key: value for key, value in given.items() if key.startswith("ssl_") and key in accepted
+    }
 
 
 def _sentinel_settings(pool: Any) -> dict[str, Any] | None:
@@ -314,12 +336,15 @@ def _sentinel_settings(pool: Any) -> dict[str, Any] | None:
     settings = {key: given[key] for key in _COPIED_SETTINGS if key in given}
     settings.pop("host", None)
     settings.pop("port", None)
+    tls = "SSL" in pool.connection_class.__name__
+    if tls:
+        settings.update(_tls_of(given))
     manager = pool.sentinel_manager
-    # The sentinels' own credentials, if any; their timeouts are the new client's.
-    auth = {
+    # How the sentinels are reached (credentials, TLS); their timeouts are the new client's.
+    reach = {
         key: value
         for key, value in (getattr(manager, "sentinel_kwargs", None) or {}).items()
-        if key in ("username", "password")
+        if key in ("username", "password", "credential_provider") or key.startswith("ssl")
     }
     settings["sentinel"] = {
         "sentinels": [
@@ -327,19 +352,29 @@ def _sentinel_settings(pool: Any) -> dict[str, Any] | None:
             for kwargs in map(connection_kwargs, manager.sentinels)
         ],
         "service": pool.service_name,
-        "auth": auth,
-        "ssl": "SSL" in pool.connection_class.__name__,
+        "auth": reach,
+        "ssl": tls,
+        "min_other_sentinels": getattr(manager, "min_other_sentinels", 0),
+        "force_master_ip": getattr(manager, "_force_master_ip", None),
     }
     return settings
 
 
 def _sentinel_client(found: dict[str, Any], timeout: float, **settings: Any) -> redis.Redis:
     """A client of the primary the sentinels in ``found`` name (see :func:`_sentinel_settings`)."""
-    # The sentinels answer within the timeout, whatever the primary's reads may wait.
-    bounds = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    # The sentinels share half the wait per attempt, whatever the primary's reads
+    # may wait: asking every one of them leaves room for the connect to the primary.
+    addresses = [tuple(address) for address in found["sentinels"]]
+    each = max(timeout / (2 * max(1, len(addresses))), _FLOOR)
     sentinels = redis.sentinel.Sentinel(
-        [tuple(address) for address in found["sentinels"]],
-        sentinel_kwargs={**found.get("auth", {}), **bounds},
+        addresses,
+        min_other_sentinels=found.get("min_other_sentinels", 0),
+        sentinel_kwargs={
+            **found.get("auth", {}),
+            "socket_timeout": each,
+            "socket_connect_timeout": each,
+        },
+        force_master_ip=found.get("force_master_ip"),
     )
     if found.get("ssl"):
         settings["ssl"] = True
@@ -460,13 +495,24 @@ def connection_kwargs(conn: object) -> dict[str, Any]:
 
 def redacted_url(url: str) -> str:
     """Return ``url`` with its password, if any, replaced by ``***``."""
+    sentinel = _sentinel_parts(url)
+    if sentinel is not None:
+        # Split as the Sentinel URL's own reader splits it, whatever the password holds.
+        scheme, userinfo, hosts, path = sentinel
+        if userinfo is None:
+            return url
+        user, colon, _ = userinfo.partition(":")
+        return f"{scheme}://{user}{':***' if colon else ''}@{hosts}/{path}"
     try:
         parts = urlsplit(url)
         password = parts.password
     except ValueError:
         return "<a URL that does not parse>"
     if password is None:
-        return url
+        # Fail closed: user info the split did not see (a password holding '#',
+        # '?' or '/') is not printed.
+        cut = "@" in url and "@" not in parts.netloc
+        return "<a URL whose password is not shown>" if cut else url
     host = parts.netloc.rsplit("@", 1)[1]
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
@@ -510,7 +556,8 @@ def describe_connection(conn: object) -> str:
 
 def _address(client: Any) -> str:
     kwargs = connection_kwargs(client)
-    return f"{kwargs.get('host', '?')}:{kwargs.get('port', 26379)}"
+    host = str(kwargs.get("host", "?"))
+    return f"{f'[{host}]' if ':' in host else host}:{kwargs.get('port', 26379)}"
 
 
 def _scheme_auth(scheme: str, kwargs: dict[str, Any]) -> str:
@@ -528,6 +575,13 @@ def unreachable_message(conn: object, queue: str, exc: BaseException) -> str:
     cause = " ".join(f"{type(exc).__name__}: {exc}".split())
     if isinstance(exc, redis.AuthenticationError):
         check = "the username and password"
+    elif isinstance(exc, redis.sentinel.MasterNotFoundError):
+        # Its text lists every sentinel client at length: the first clause says it.
+        cause = cause.split(" : ", 1)[0]
+        check = (
+            "that the sentinels run and listen there, that they monitor this service name "
+            "(sentinel monitor <name> ...), and that no firewall is in the way"
+        )
     else:
         check = (
             "that the server runs and listens there, that host, port and database are "

@@ -845,7 +845,7 @@ class RedisRenewer:
             self.connection.ping()
             with contextlib.suppress(redis.RedisError):  # a tick loads it on NOSCRIPT anyway
                 self.connection.script_load(script_source())
-        except redis.RedisError as exc:
+        except Exception as exc:  # not only RedisError: whatever it is, the ticks retry
             self._told_unreachable = True
             logger.warning(
                 "%s",

@@ -301,8 +301,8 @@ def test_a_sentinel_url_names_its_sentinels_service_and_database(
     [
         ("redis+sentinel://s1:26379", "names the primary's service"),
         ("redis+sentinel:///mymaster", "at least one sentinel"),
-        ("redis+sentinel://s1:port/mymaster", "port must be a number"),
-        ("redis+sentinel://s1/mymaster/one", "database must be a number"),
+        ("redis+sentinel://s1:port/mymaster", "ports are numbers from 1 to 65535"),
+        ("redis+sentinel://s1/mymaster/one", "database is a number"),
     ],
 )
 def test_a_sentinel_url_missing_a_part_is_refused_saying_which(url: str, match: str) -> None:
