@@ -88,7 +88,7 @@ def test_jobs_renewed_with_the_replicas_confirmation_run_once_to_the_end(
     worker = bench.start_worker(
         "A",
         process,
-        {"lockDuration": LOCK_MS, "concurrency": 4},
+        {"lockDuration": LOCK_MS, "concurrency": 4, "drainDelay": 1},
         actor=True,
         isolation=isolation,
         replicas=1,
@@ -120,7 +120,12 @@ def test_a_replica_cut_off_aborts_the_job_before_its_copy_of_the_lock_expires(
         return "gave up"
 
     bench.start_worker(
-        "A", process, {"lockDuration": LOCK_MS}, actor=True, isolation=isolation, replicas=1
+        "A",
+        process,
+        {"lockDuration": LOCK_MS, "drainDelay": 1},
+        actor=True,
+        isolation=isolation,
+        replicas=1,
     )
     job_id = bench.add_job()
     assert started.wait(SETTLE_S)

@@ -476,17 +476,16 @@ def test_a_bullmq_worker_on_sentinel_renews_through_the_failover(
     runs: list[str] = []
     aborted: list[bool] = []
     switched = asyncio.Event()
+    new = sentinels.replica()
 
     async def process(job: Any, token: str, signal: Any) -> str:
         runs.append(str(job.id))
         await switched.wait()
-        # Past the failover by more than the lock's whole duration: renewed on the new primary.
-        await asyncio.sleep(1.5 * LOCK_MS / 1000)
         aborted.append(signal.aborted)
         return "done"
 
     async def scenario() -> str:
-        options = {"prefix": "bull", "autorun": False, "lockDuration": LOCK_MS}
+        options = {"prefix": "bull", "autorun": False, "lockDuration": LOCK_MS, "drainDelay": 1}
         connection = sentinels.async_client(decode_responses=True)
         worker = Worker("q", process, {**options, "connection": connection})
         use_actor_lock_manager(
@@ -499,13 +498,23 @@ def test_a_bullmq_worker_on_sentinel_renews_through_the_failover(
         try:
             job = await queue.add("work", {})
             while not runs:
-                await asyncio.sleep(0.02)
-            await asyncio.to_thread(_fail_over, sentinels)
+                await asyncio.sleep(SAMPLE_S)
+            with LockSampler(new, KEYS.lock(str(job.id)), "") as on_new:
+                _asked, demoted = await asyncio.to_thread(_fail_over, sentinels)
+                # The job's lock renewed on the new primary once the old one was demoted.
+                await asyncio.to_thread(
+                    wait_for,
+                    lambda: on_new.refreshes(since=demoted),
+                    renewals_s(LOCK_MS),
+                    "a renewal on the new primary",
+                )
             switched.set()
-            while not aborted:
-                await asyncio.sleep(0.02)
-            await asyncio.sleep(0.5)  # the move to completed, after the processor's return
-            return str(await queue.getJobState(str(job.id)))
+            deadline = time.monotonic() + renewals_s(LOCK_MS)
+            state = ""
+            while state != "completed" and time.monotonic() < deadline:
+                await asyncio.sleep(SAMPLE_S)
+                state = str(await queue.getJobState(str(job.id)))
+            return state
         finally:
             await queue.close()
             await worker.close()
