@@ -100,7 +100,9 @@ def start_link(
             ``WAITAOF``): a watched lock's deadline moves only on renewals
             they confirmed, so its watchers are told ``"unconfirmed"`` before a
             replica's older copy of the lock can expire. ``None`` or ``0``:
-            the primary's word is enough. Not with ``renewer``.
+            the primary's word is enough. Not with ``renewer``, nor with a
+            Redis Cluster client. The server is asked once, here, whether it
+            takes the wait (a round trip, bounded by the wait per attempt).
 
     Callbacks run one at a time on the manager's delivery thread, and the
     targets' ``tell`` at once on threads of their own, never the manager's,
@@ -111,9 +113,10 @@ def start_link(
     Raises:
         TypeError: An argument has the wrong type.
         ValueError: A duration, ``isolation`` or ``replicas`` is out of range
-            (a replicas timeout must fit in a renewal's wait), the client's
-            encoding is not UTF-8, a cluster's keys cannot share a slot, or
-            ``WAITAOF`` was asked of a server without it.
+            (a replicas timeout may take half a renewal's wait per attempt),
+            the client's encoding is not UTF-8, a cluster's keys cannot share
+            a slot, or the server refuses the replicas' wait (``WAITAOF``
+            before Redis 7.2, an ACL without ``WAIT``).
         RuntimeError: With ``isolation="process"``, the child process did not start.
     """
     ref = LockManager.start(

@@ -111,6 +111,10 @@ class Replicas:
     Example:
         >>> start_link(connection=url, keys=keys, replicas=Replicas(1, timeout=200))
 
+    Where the write goes through a client, the timeout may take half of what
+    the client waits for a reply (and, for a manager, half a renewal's wait
+    per attempt): see :func:`require_replicas`. Not on a Redis Cluster client.
+
     Raises:
         TypeError: ``count`` or ``timeout`` is not an ``int``, ``aof`` not a ``bool``.
         ValueError: ``count`` is below 0 or above :data:`MAX_REPLICAS`, or
