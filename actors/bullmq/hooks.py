@@ -34,8 +34,10 @@ if TYPE_CHECKING:
 
     from actors.bullmq.runs import Run
     from actors.keys import QueueKeys
+    from actors.messages import NotReplicatedError
     from actors.process.take import Taken
     from actors.ref import ManagerRef
+    from actors.scripts import Replicas
 
 __all__ = [
     "Fetcher",
@@ -62,6 +64,8 @@ class Owner(Protocol):
     lock_duration: int
     closing: bool
     fetcher: Fetcher | None
+    #: The replicas each take and renewal waits for, if any.
+    replicas: Replicas | None
 
     @property
     def keys(self) -> QueueKeys:
@@ -248,12 +252,29 @@ class Fetcher:
         if not self._closed and lane.usable():
             self._idle.append(lane)
 
-    def answered(self, reply: Any, token: str | None, sent: tuple[int, int]) -> tuple[Any, Any]:
-        """Decode a fetch's reply and track the job it took; on the thread that read it."""
+    @property
+    def replicas(self) -> Replicas | None:
+        """The replicas a take waits for, if any."""
+        return self._owner.replicas
+
+    def answered(
+        self,
+        reply: Any,
+        token: str | None,
+        sent: tuple[int, int],
+        shortfall: NotReplicatedError | None = None,
+    ) -> tuple[Any, Any]:
+        """Decode a fetch's reply and track the job it took; on the thread that read it.
+
+        A take the replicas did not confirm is trusted for nothing: a failover
+        may undo it, so the run is told ``"unconfirmed"`` at once.
+        """
         answer = _decoded(reply, self._decode)
         taken = None
         if token is not None and isinstance(answer, list) and len(answer) > 1 and answer[1]:
             taken = (str(answer[1]), token)
+            if shortfall is not None:
+                sent = unconfirmed_take(self._owner, taken[0], sent, shortfall)
             self._owner.taken(*taken, *sent)
         return answer, taken
 
@@ -406,7 +427,12 @@ class Lane:
         script = self._fetcher.script
         body = script.sha if command == "EVALSHA" else script.script
         keys, args = sent.keys, sent.args
-        packed = self._conn.pack_command(command, body, len(keys), *keys, *args)
+        calls: list[tuple[Any, ...]] = [(command, body, len(keys), *keys, *args)]
+        confirm = self._fetcher.replicas
+        if confirm is not None:
+            # The take's own wait, on its connection and in its round trip.
+            calls.append(confirm.command())
+        packed = self._conn.pack_commands(calls)
         self._conn.send_packed_command(packed, check_health=False)
 
     def _read(self) -> None:
@@ -424,11 +450,13 @@ class Lane:
                     first = self._waiting[0]
                     first.sent = _now()
                     self._send(first)
+            confirm = self._fetcher.replicas
             while True:
                 reply = self._reply()
                 if not self._waiting:
                     raise redis.ConnectionError("an answer came for no fetch")
                 sent = self._waiting[0]
+                confirmed = self._reply() if confirm is not None else None
                 if isinstance(reply, redis.exceptions.NoScriptError):
                     # Not run: run the script itself (the server then keeps it),
                     # unless the lane was cut meanwhile (a send would reconnect).
@@ -437,11 +465,13 @@ class Lane:
                             return
                         self._send(sent, "EVAL")
                     reply = self._reply()
+                    confirmed = self._reply() if confirm is not None else None
                 self._waiting.popleft()
                 try:
                     if isinstance(reply, BaseException):
                         raise reply
-                    answer = self._fetcher.answered(reply, sent.token, sent.sent)
+                    shortfall = None if confirm is None else confirm.shortfall(confirmed)
+                    answer = self._fetcher.answered(reply, sent.token, sent.sent, shortfall)
                 except BaseException as error:
                     sent.future.set_exception(error)
                 else:
@@ -528,6 +558,26 @@ def _portable_settings(client: redis.Redis) -> dict[str, Any] | None:
     except Exception:
         return None  # the child then takes through the renewal's server
     return settings
+
+
+def unconfirmed_take(
+    owner: Owner, job_id: str, sent: tuple[int, int], shortfall: Exception
+) -> tuple[int, int]:
+    """Say a take the replicas did not confirm; return its send moved back by a lock's duration.
+
+    So moved, the lock's deadline has passed when the job is tracked: its run
+    is told ``"unconfirmed"`` at once, and the lock is left to expire.
+    """
+    logger.warning(
+        "queue %r: job %r was taken, but %s: a failover may undo the take, so its run is "
+        "told it lost the lock at once",
+        owner.keys.name,
+        job_id,
+        shortfall,
+        extra={"queue": owner.keys.name, "job_id": job_id},
+    )
+    back = owner.lock_duration
+    return sent[0] - back, sent[1] - back
 
 
 def _decoded(reply: Any, decode: Callable[[Any], Any]) -> Any:

@@ -29,11 +29,12 @@ from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, Final
 
 import msgpack
+from redis.exceptions import NoScriptError
 
 from actors.books import Books, Report
 from actors.connection import client_for_url, client_like, client_settings, command_timeout
 from actors.keys import QueueKeys
-from actors.messages import BatchOutcome
+from actors.messages import BatchOutcome, NotReplicatedError
 from actors.process.shared import Tick, Writer, map_cells
 from actors.scripts import RedisRenewer, Replicas
 from actors.timing import Timing, monotonic_ms, next_tick, yield_interpreter
@@ -145,7 +146,8 @@ class Child:
         self._grid = monotonic_ms() + timing.interval
         self._retry: int | None = None
         self._failed = 0
-        self._taker = _Taker(config["connection"], timing.lock_duration / 1000)
+        confirm = None if config["replicas"] is None else Replicas(*config["replicas"])
+        self._taker = _Taker(config["connection"], timing.lock_duration, confirm)
         #: The token of each job a take took that the worker has not yet told of.
         self._fetched: dict[str, str] = {}
 
@@ -252,11 +254,14 @@ class Child:
             return
         late = False
         tracked: list[str | None] = []
-        for _, answer, token, slot, sent_ms, _ in answers:
+        for _, answer, token, slot, sent_ms, _, confirmed in answers:
             job_id = _taken_id(answer)
             if job_id is not None:
                 try:
                     self._set(job_id, token, sent_ms, True, slot)
+                    if not confirmed and slot is not None:
+                        # Trusted for nothing: not the worker's send time of the take either.
+                        self._cells[slot] = sent_ms
                 except Exception:
                     # Answered as taking nothing here: its lock is left to expire.
                     logger.warning("the child could not track job %r", job_id, exc_info=True)
@@ -268,7 +273,7 @@ class Child:
         if late:
             now = monotonic_ms()
             self._tick("now", now, now)
-        for (request, answer, _, _, sent, wall), job_id in zip(answers, tracked, strict=True):
+        for (request, answer, _, _, sent, wall, _), job_id in zip(answers, tracked, strict=True):
             self._out.put(("took", request, answer, job_id, sent, wall))
 
     def _drop(self, job_id: str) -> None:
@@ -351,9 +356,14 @@ class _Taker:
     Each answer wakes the child's loop through :attr:`wake`.
     """
 
-    def __init__(self, renewal: str | dict[str, Any], connect_s: float) -> None:
+    def __init__(
+        self, renewal: str | dict[str, Any], lock_duration: int, confirm: Replicas | None = None
+    ) -> None:
         self._renewal = renewal
-        self._connect_s = connect_s
+        self._connect_s = lock_duration / 1000
+        self._lock_duration = lock_duration
+        #: The replicas each take waits for, if any.
+        self._confirm = confirm
         self._inbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._answers: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         #: Readable once an answer waits: the child's loop waits on it too.
@@ -372,7 +382,9 @@ class _Taker:
     def answers(self) -> list[tuple[Any, ...]]:
         """The answers come since last asked.
 
-        Each as ``(request, answer, token, slot, sent_ms, sent_wall_ms)``.
+        Each as ``(request, answer, token, slot, sent_ms, sent_wall_ms, confirmed)``:
+        ``confirmed`` is false for a take the replicas did not confirm, whose
+        ``sent_ms`` is then moved back by a lock's duration.
         """
         with contextlib.suppress(BlockingIOError):
             os.read(self.wake, 4096)
@@ -398,6 +410,7 @@ class _Taker:
             _, request, key, keys, args, token, slot = word
             script = self._scripts.get(key)
             answer: Any
+            confirmed = True
             try:
                 if isinstance(script, Exception):
                     raise script
@@ -405,13 +418,43 @@ class _Taker:
                 pool = script.registered_client.connection_pool  # type: ignore[union-attr]
                 pool.release(pool.get_connection())
                 sent_ms, sent_wall_ms = monotonic_ms(), time.time_ns() // 1_000_000
-                answer = script(keys=keys, args=args)  # type: ignore[misc]
+                if self._confirm is None:
+                    answer = script(keys=keys, args=args)  # type: ignore[misc]
+                else:
+                    answer, shortfall = self._confirmed(script, keys, args, self._confirm)
+                    if shortfall is not None and _taken_id(answer) is not None:
+                        # Trusted for nothing: the worker tells the run at once.
+                        logger.warning(
+                            "job %r was taken, but %s: a failover may undo the take, so its "
+                            "run is told it lost the lock at once",
+                            _taken_id(answer),
+                            shortfall,
+                        )
+                        sent_ms -= self._lock_duration
+                        sent_wall_ms -= self._lock_duration
+                        confirmed = False
             except Exception as exc:
                 sent_ms, sent_wall_ms = monotonic_ms(), time.time_ns() // 1_000_000
                 answer = portable(exc)
-            self._answers.put((request, answer, token, slot, sent_ms, sent_wall_ms))
+            self._answers.put((request, answer, token, slot, sent_ms, sent_wall_ms, confirmed))
             with contextlib.suppress(OSError):
                 os.write(self._ring, b"!")
+
+    @staticmethod
+    def _confirmed(
+        script: Any, keys: list[Any], args: list[Any], confirm: Replicas
+    ) -> tuple[Any, NotReplicatedError | None]:
+        """Run the take and the replicas' wait in one round trip, on one connection."""
+        for command, body in (("EVALSHA", script.sha), ("EVAL", script.script)):
+            pipe = script.registered_client.pipeline(transaction=False)
+            pipe.execute_command(command, body, len(keys), *keys, *args)
+            pipe.execute_command(*confirm.command())
+            answer, confirmed = pipe.execute(raise_on_error=False)
+            if not isinstance(answer, NoScriptError):
+                break
+        if isinstance(answer, Exception):
+            raise answer
+        return answer, confirm.shortfall(confirmed)
 
     def _client(self, given: dict[str, Any] | None) -> redis.Redis:
         if given is None:

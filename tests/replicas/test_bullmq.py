@@ -136,3 +136,30 @@ def test_a_replica_cut_off_aborts_the_job_before_its_copy_of_the_lock_expires(
     wait_until(lambda: aborted, SETTLE_S, "the job's signal")
     assert aborted["at"] < expires
     assert aborted["reason"].startswith(f"{LOCK_LOST} (unconfirmed)")
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_take_the_replica_did_not_confirm_is_told_to_its_run_at_once(
+    pair: ReplicatedPair, bench: Bench, isolation: str
+) -> None:
+    # A failover may undo a take the replica never saw, and hand the job to
+    # another worker at once: the run must not start trusting its lock.
+    seen: dict[str, Any] = {}
+
+    async def process(job: Any, token: str, signal: AbortSignal) -> str:
+        seen["aborted"], seen["reason"] = signal.aborted, signal.reason
+        return "gave up"
+
+    pair.detach()
+    bench.start_worker(
+        "A",
+        process,
+        {"lockDuration": LOCK_MS, "drainDelay": 1},
+        actor=True,
+        isolation=isolation,
+        replicas=1,
+    )
+    job_id = bench.add_job()
+    wait_until(lambda: seen, SETTLE_S, "the job's run")
+    assert seen["aborted"] is True
+    assert seen["reason"] == f"{LOCK_LOST} (unconfirmed): job {job_id}"
