@@ -427,12 +427,13 @@ class Lane:
         script = self._fetcher.script
         body = script.sha if command == "EVALSHA" else script.script
         keys, args = sent.keys, sent.args
-        calls: list[tuple[Any, ...]] = [(command, body, len(keys), *keys, *args)]
         confirm = self._fetcher.replicas
-        if confirm is not None:
+        if confirm is None:
+            packed = self._conn.pack_command(command, body, len(keys), *keys, *args)
+        else:
             # The take's own wait, on its connection and in its round trip.
-            calls.append(confirm.command())
-        packed = self._conn.pack_commands(calls)
+            call = (command, body, len(keys), *keys, *args)
+            packed = self._conn.pack_commands([call, confirm.command()])
         self._conn.send_packed_command(packed, check_health=False)
 
     def _read(self) -> None:
