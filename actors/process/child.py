@@ -399,7 +399,8 @@ class _Taker:
         self._inbox.put(None)
 
     def _run(self) -> None:
-        while (word := self._inbox.get()) is not None:
+        held: list[tuple[Any, ...] | None] = []
+        while (word := held.pop() if held else self._inbox.get()) is not None:
             if word[0] == "source":
                 _, key, script, client = word
                 try:
@@ -407,54 +408,99 @@ class _Taker:
                 except Exception as exc:  # every take of it answers with the error
                     self._scripts[key] = portable(exc)
                 continue
-            _, request, key, keys, args, token, slot = word
-            script = self._scripts.get(key)
-            answer: Any
-            confirmed = True
-            try:
-                if isinstance(script, Exception):
-                    raise script
-                # Connected first: the lock's age counts from the script's send, not the connect's.
-                pool = script.registered_client.connection_pool  # type: ignore[union-attr]
-                pool.release(pool.get_connection())
-                sent_ms, sent_wall_ms = monotonic_ms(), time.time_ns() // 1_000_000
-                if self._confirm is None:
-                    answer = script(keys=keys, args=args)  # type: ignore[misc]
-                else:
-                    answer, shortfall = self._confirmed(script, keys, args, self._confirm)
-                    if shortfall is not None and _taken_id(answer) is not None:
-                        # Trusted for nothing: the worker tells the run at once.
-                        logger.warning(
-                            "job %r was taken, but %s: a failover may undo the take, so its "
-                            "run is told it lost the lock at once",
-                            _taken_id(answer),
-                            shortfall,
-                        )
-                        sent_ms -= self._lock_duration
-                        sent_wall_ms -= self._lock_duration
-                        confirmed = False
-            except Exception as exc:
-                sent_ms, sent_wall_ms = monotonic_ms(), time.time_ns() // 1_000_000
-                answer = portable(exc)
-            self._answers.put((request, answer, token, slot, sent_ms, sent_wall_ms, confirmed))
+            takes = [word]
+            if self._confirm is not None:
+                # The takes waiting now share one wait, which vouches for every write
+                # before it on its connection: a slow replica holds them up once, not
+                # once each.
+                with contextlib.suppress(queue.Empty):
+                    while True:
+                        more = self._inbox.get_nowait()
+                        if more is None or more[0] != "take" or more[2] != word[2]:
+                            held.append(more)
+                            break
+                        takes.append(more)
+            for answered in self._take(takes):
+                self._answers.put(answered)
             with contextlib.suppress(OSError):
                 os.write(self._ring, b"!")
 
+    def _take(self, takes: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """Run the takes of one script; return their answers, in order.
+
+        Each as ``(request, answer, token, slot, sent_ms, sent_wall_ms, confirmed)``.
+        """
+        script = self._scripts.get(takes[0][2])
+        confirm = self._confirm
+        outcomes: list[tuple[Any, NotReplicatedError | None]]
+        try:
+            if isinstance(script, Exception):
+                raise script
+            # Connected first: the lock's age counts from the script's send, not the connect's.
+            pool = script.registered_client.connection_pool  # type: ignore[union-attr]
+            pool.release(pool.get_connection())
+            sent_ms, sent_wall_ms = monotonic_ms(), time.time_ns() // 1_000_000
+            calls = [(keys, args) for _, _, _, keys, args, _, _ in takes]
+            if confirm is None:
+                [(keys, args)] = calls
+                outcomes = [(script(keys=keys, args=args), None)]  # type: ignore[misc]
+            else:
+                outcomes = self._confirmed(script, calls, confirm)
+        except Exception as exc:
+            sent_ms, sent_wall_ms = monotonic_ms(), time.time_ns() // 1_000_000
+            outcomes = [(exc, None)] * len(takes)
+        answers = []
+        for (_, request, _, _, _, token, slot), (reply, shortfall) in zip(
+            takes, outcomes, strict=True
+        ):
+            sent, wall, confirmed = sent_ms, sent_wall_ms, True
+            failed = isinstance(reply, Exception)
+            answer = portable(reply) if failed else reply
+            if shortfall is not None and not failed and _taken_id(answer) is not None:
+                # Trusted for nothing: the worker tells the run at once.
+                logger.warning(
+                    "job %r was taken, but %s: a failover may undo the take, so its run is "
+                    "told it lost the lock at once",
+                    _taken_id(answer),
+                    shortfall,
+                )
+                sent, wall, confirmed = (
+                    sent - self._lock_duration,
+                    wall - self._lock_duration,
+                    False,
+                )
+            answers.append((request, answer, token, slot, sent, wall, confirmed))
+        return answers
+
     @staticmethod
     def _confirmed(
-        script: Any, keys: list[Any], args: list[Any], confirm: Replicas
-    ) -> tuple[Any, NotReplicatedError | None]:
-        """Run the take and the replicas' wait in one round trip, on one connection."""
+        script: Any, calls: list[tuple[list[Any], list[Any]]], confirm: Replicas
+    ) -> list[tuple[Any, NotReplicatedError | None]]:
+        """Run the takes, then the replicas' wait, in one round trip on one connection.
+
+        A take answered NOSCRIPT is sent again as EVAL, with a wait of its own.
+        Returns each take's answer (or error) and what its wait said.
+        """
+        outcomes: list[tuple[Any, NotReplicatedError | None]] = [(None, None)] * len(calls)
+        todo = list(range(len(calls)))
         for command, body in (("EVALSHA", script.sha), ("EVAL", script.script)):
             pipe = script.registered_client.pipeline(transaction=False)
-            pipe.execute_command(command, body, len(keys), *keys, *args)
+            for i in todo:
+                keys, args = calls[i]
+                pipe.execute_command(command, body, len(keys), *keys, *args)
             pipe.execute_command(*confirm.command())
-            answer, confirmed = pipe.execute(raise_on_error=False)
-            if not isinstance(answer, NoScriptError):
+            *replies, confirmed = pipe.execute(raise_on_error=False)
+            shortfall = confirm.shortfall(confirmed)
+            for i, reply in zip(todo, replies, strict=True):
+                outcomes[i] = (reply, shortfall)
+            todo = [
+                i
+                for i, reply in zip(todo, replies, strict=True)
+                if isinstance(reply, NoScriptError)
+            ]
+            if not todo:
                 break
-        if isinstance(answer, Exception):
-            raise answer
-        return answer, confirm.shortfall(confirmed)
+        return outcomes
 
     def _client(self, given: dict[str, Any] | None) -> redis.Redis:
         if given is None:

@@ -43,8 +43,7 @@ def pair() -> Iterator[ReplicatedPair]:
 def primary(pair: ReplicatedPair) -> Iterator[redis.Redis]:
     client = pair.client()
     pair.attach()
-    client.flushall()
-    wait_for(lambda: client.execute_command("WAIT", 1, 100) >= 1, 10, "the flush replicated")  # type: ignore[no-untyped-call]
+    pair.flush()
     try:
         yield client
     finally:

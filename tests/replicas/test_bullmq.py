@@ -36,8 +36,7 @@ def pair() -> Iterator[ReplicatedPair]:
 @pytest.fixture
 def bench(pair: ReplicatedPair) -> Iterator[Bench]:
     pair.attach()
-    with pair.client() as client:
-        client.flushall()
+    pair.flush()
     on_pair = Bench(url=pair.primary.url, engine="valkey")
     try:
         yield on_pair

@@ -15,7 +15,7 @@ import redis.asyncio
 import actors
 from actors import NotReplicatedError, QueueKeys, Replicas, lease
 from actors.scripts import run_chunks
-from tests.support import new_token, wait_for
+from tests.support import new_token
 from tests.support.replication import ReplicatedPair
 
 if TYPE_CHECKING:
@@ -35,9 +35,7 @@ def pair() -> Iterator[ReplicatedPair]:
 def primary(pair: ReplicatedPair) -> Iterator[redis.Redis]:
     client = pair.client()
     pair.attach()
-    client.flushall()
-    client.script_flush()
-    wait_for(lambda: client.execute_command("WAIT", 1, 100) >= 1, 10, "the flush replicated")  # type: ignore[no-untyped-call]
+    pair.flush()
     try:
         yield client
     finally:

@@ -57,8 +57,7 @@ def primary(pair: ReplicatedPair) -> Iterator[redis.Redis]:
     """A client of the primary, the replica in sync with it (again) and both flushed."""
     client = pair.client()
     pair.attach()
-    client.flushall()
-    wait_for(lambda: client.execute_command("WAIT", 1, 100) >= 1, 10, "the flush replicated")  # type: ignore[no-untyped-call]
+    pair.flush()
     try:
         yield client
     finally:

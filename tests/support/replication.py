@@ -52,11 +52,25 @@ class ReplicatedPair:
         with self.replica_client() as replica:
             replica.execute_command("REPLICAOF", self.primary.host, str(self.primary.port))
         with self.client() as primary:
-            wait_for(
-                lambda: primary.execute_command("WAIT", 1, 100) >= 1,
-                timeout,
-                "the replica in sync with its primary",
-            )
+            wait_for(lambda: self._synced(primary), timeout, "the replica in sync with its primary")
+
+    @staticmethod
+    def _synced(primary: redis.Redis) -> bool:
+        # A write, then WAIT on its connection: a WAIT with no write of its own
+        # counts a replica that is still loading its first sync.
+        pipe = primary.pipeline(transaction=False)
+        pipe.incr("replicated-pair:sync")
+        pipe.execute_command("WAIT", 1, 100)  # type: ignore[no-untyped-call]
+        return bool(pipe.execute()[1] >= 1)
+
+    def flush(self) -> None:
+        """Empty the primary; return once the replica is empty too."""
+        with self.client() as primary:
+            pipe = primary.pipeline(transaction=False)
+            pipe.flushall()
+            pipe.script_flush()
+            pipe.execute_command("WAIT", 1, 10_000)
+            assert pipe.execute()[2] >= 1, "the replica did not see the flush"
 
     def detach(self) -> None:
         """Cut the replica off: it keeps what it had, and confirms nothing more."""
