@@ -431,17 +431,15 @@ def run_chunks(
     missing = [i for i, reply in enumerate(replies) if _is_noscript(reply)]
     if missing:
         # The server lost its script cache (restart, SCRIPT FLUSH, failover):
-        # load the script and send the same calls again.
+        # load the script for the next ticks, and send the same calls again as
+        # EVAL, which another flush meanwhile cannot refuse.
         logger.debug("%s not cached by the server; loading it", SCRIPT_NAME)
-        with_source = is_cluster(conn)
-        if not with_source:
-            try:
+        if not is_cluster(conn):
+            with contextlib.suppress(ResponseError):  # SCRIPT refused (an ACL): EVAL still runs
                 conn.script_load(script_source())
-            except ResponseError:  # SCRIPT refused (an ACL) while EVAL is allowed
-                with_source = True
         again = [bounds[i] for i in missing]
         resent = _send_chunks(
-            conn, keys, job_ids, tokens, duration, again, with_source=with_source, replicas=replicas
+            conn, keys, job_ids, tokens, duration, again, with_source=True, replicas=replicas
         )
         if replicas is not None:
             # Perhaps another connection: each wait vouches for its own writes.

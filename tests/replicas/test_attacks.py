@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from tests.support.server import Servers
 
 KEYS = QueueKeys("attack")
-LOCK_MS = 1000
+LOCK_MS = 4000
 TIMING = Timing(LOCK_MS)
 LIMIT_MS = command_timeout(TIMING, default_safety_margin(TIMING)) * 1000
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from bullmq.abort_controller import AbortSignal
 
 #: BullMQ's ``lockDuration``, in milliseconds.
-LOCK_MS = 1000
+LOCK_MS = 2000
 #: Longest wait for a worker to take the jobs or finish them, in seconds.
 SETTLE_S = 10.0
 ISOLATIONS = ["thread", "process"]

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from tests.support.server import Servers
 
 KEYS = QueueKeys("replicas")
-LOCK_MS = 1000
+LOCK_MS = 2000
 TIMING = Timing(LOCK_MS)
 #: What a renewal may take per attempt with these windows, in ms.
 LIMIT_MS = command_timeout(TIMING, default_safety_margin(TIMING)) * 1000

@@ -148,11 +148,13 @@ def test_process_mode_from_a_url_with_percent_encoded_acl_credentials(
     user, secret = quote("bob@x", safe=""), quote(password, safe="")
     url = f"redis+sentinel://{user}:{secret}@{hosts}/{sentinels.master_name}"
     check = client_for_url(url, timeout=1.0)
-    token = take_locks(check, KEYS, ["j1"], 1500)["j1"]
-    manager = actors.start_link(connection=url, keys=KEYS, isolation="process", lock_duration=1500)
+    token = take_locks(check, KEYS, ["j1"], 4000)["j1"]
+    manager = actors.start_link(connection=url, keys=KEYS, isolation="process", lock_duration=4000)
     try:
         actors.track_job(manager, "j1", token, wait=True)
-        time.sleep(2.0)  # past the TTL taken: alive only if the child renews it
+        first = int(check.pttl(KEYS.lock("j1")))
+        # The TTL goes up only if the child, logged in from the URL, renews the lock.
+        wait_for(lambda: int(check.pttl(KEYS.lock("j1"))) > first, 8.0, "a renewal")
         assert check.get(KEYS.lock("j1")) == token.encode()
     finally:
         manager.stop()
