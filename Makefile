@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck docs docs-check package bench soak faults fuzz gil-fetch bullmq-compat bullmq-latest clean
+.PHONY: demo test lint typecheck docs docs-check package bench soak faults fuzz gil-fetch replicas bullmq-compat bullmq-latest clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ bench: $(STAMP)
 fuzz: $(STAMP)
 	FUZZ_EXAMPLES=1000 $(BIN)/python -m pytest -p no:randomly tests/fuzz
 	BULLMQ_EXAMPLES=25 $(BIN)/python -m pytest -p no:randomly -rA tests/bullmq/test_generated.py
+
+## replicas: the bullmq takes and their replicas' wait under flushes, a flapping or frozen replica, refusals
+replicas: $(STAMP)
+	$(BIN)/python -m pytest -m scenario -p no:randomly -rA --timeout 600 tests/replicas/test_takes.py
 
 ## gil-fetch: jobs fetched beside GIL holds in process mode, ten runs of 30 jobs (GIL holds of ~2x lockDuration)
 gil-fetch: $(STAMP)

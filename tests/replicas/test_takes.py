@@ -20,6 +20,9 @@ from tests.support.replication import ReplicatedPair
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
+#: Deselected by default (the suite's time): ``make replicas`` runs them.
+pytestmark = pytest.mark.scenario
+
 LOCK_MS = 4000
 SETTLE_S = 15.0
 ISOLATIONS = ["thread", "process"]
