@@ -149,7 +149,7 @@ def release(
         redis.exceptions.RedisError: The server or the connection failed.
     """
     lock, job_id, token = _checked(client, keys, job_id, token)
-    block = Guarded(client, lock, job_id, token, _confirmed(client, replicas))
+    block = Guarded(client, lock, job_id, token, require_replicas(replicas, conn=client))
     block._writes.delete(lock)
     if _is_async(client):
         return _release_async(block)
@@ -233,7 +233,7 @@ def fence(
             number.
     """
     lock, job_id, token = _checked(client, keys, job_id, token)
-    confirm = _confirmed(client, replicas)
+    confirm = require_replicas(replicas, conn=client)
     job = keys.key_prefix + job_id
     if isinstance(client, (redis.RedisCluster, redis.asyncio.RedisCluster)) and (
         hash_slot(lock) != hash_slot(job)
@@ -265,11 +265,6 @@ def fence(
     reply = script(keys=[lock, job], args=[token, FENCE_FIELD])
 
     return _then(reply, fenced) if _is_async(client) else fenced(reply)
-
-
-def _confirmed(client: object, replicas: object) -> Replicas | None:
-    """Check a helper's ``replicas=`` in one place (a cluster client is refused)."""
-    return require_replicas(replicas, conn=client)
 
 
 #: The pools whose server took the replicas' wait once: asked once per pool,
@@ -516,7 +511,7 @@ def guarded(
             command (see :meth:`Writes.execute_command`) and went on.
     """
     lock, job_id, token = _checked(client, keys, job_id, token)
-    return Guarded(client, lock, job_id, token, _confirmed(client, replicas))
+    return Guarded(client, lock, job_id, token, require_replicas(replicas, conn=client))
 
 
 class Guarded:

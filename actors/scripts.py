@@ -72,6 +72,7 @@ __all__ = [
     "run_chunks",
     "script_sha",
     "script_source",
+    "untrusted_take",
 ]
 
 logger = Log("actors.scripts")
@@ -160,6 +161,25 @@ class Replicas:
         if acked >= self.count:
             return None
         return NotReplicatedError(acked, self.count, self.wait_ms, command)
+
+
+def untrusted_take(
+    job_id: str, sent: tuple[int, int], shortfall: NotReplicatedError, lock_duration: int
+) -> tuple[int, int]:
+    """Say a take the replicas did not confirm; return its send times moved back a lock's duration.
+
+    So moved, the lock's deadline has passed when the job is tracked: its run
+    is told ``"unconfirmed"`` at once, and the lock is left to expire (a
+    failover may undo the take and hand the job to another worker at once).
+    """
+    logger.warning(
+        "job %r was taken, but %s: a failover may undo the take, so its run is told it lost "
+        "the lock at once",
+        job_id,
+        shortfall,
+        extra={"job_id": job_id},
+    )
+    return sent[0] - lock_duration, sent[1] - lock_duration
 
 
 def require_replicas(

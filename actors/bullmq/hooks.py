@@ -27,6 +27,7 @@ import redis.asyncio
 from actors.aio import call_in_loop, set_exception, set_result
 from actors.connection import client_for_url, client_like, client_settings, command_timeout
 from actors.process.take import Source
+from actors.scripts import untrusted_take
 from actors.timing import Timing, monotonic_ms
 
 if TYPE_CHECKING:
@@ -274,7 +275,7 @@ class Fetcher:
         if token is not None and isinstance(answer, list) and len(answer) > 1 and answer[1]:
             taken = (str(answer[1]), token)
             if shortfall is not None:
-                sent = unconfirmed_take(self._owner, taken[0], sent, shortfall)
+                sent = untrusted_take(taken[0], sent, shortfall, self._owner.lock_duration)
             self._owner.taken(*taken, *sent)
         return answer, taken
 
@@ -559,26 +560,6 @@ def _portable_settings(client: redis.Redis) -> dict[str, Any] | None:
     except Exception:
         return None  # the child then takes through the renewal's server
     return settings
-
-
-def unconfirmed_take(
-    owner: Owner, job_id: str, sent: tuple[int, int], shortfall: Exception
-) -> tuple[int, int]:
-    """Say a take the replicas did not confirm; return its send moved back by a lock's duration.
-
-    So moved, the lock's deadline has passed when the job is tracked: its run
-    is told ``"unconfirmed"`` at once, and the lock is left to expire.
-    """
-    logger.warning(
-        "queue %r: job %r was taken, but %s: a failover may undo the take, so its run is "
-        "told it lost the lock at once",
-        owner.keys.name,
-        job_id,
-        shortfall,
-        extra={"queue": owner.keys.name, "job_id": job_id},
-    )
-    back = owner.lock_duration
-    return sent[0] - back, sent[1] - back
 
 
 def _decoded(reply: Any, decode: Callable[[Any], Any]) -> Any:

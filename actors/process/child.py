@@ -36,7 +36,7 @@ from actors.connection import client_for_url, client_like, client_settings, comm
 from actors.keys import QueueKeys
 from actors.messages import BatchOutcome, NotReplicatedError
 from actors.process.shared import Tick, Writer, map_cells
-from actors.scripts import RedisRenewer, Replicas
+from actors.scripts import RedisRenewer, Replicas, untrusted_take
 from actors.timing import Timing, monotonic_ms, next_tick, yield_interpreter
 
 if TYPE_CHECKING:
@@ -129,10 +129,10 @@ class Child:
         margin = config["safety_margin"]
         self._client = client_like(config["connection"], timeout=command_timeout(timing, margin))
         self._renewer = RedisRenewer(self._client, self._keys, timing, margin, config["max_batch"])
-        if config["replicas"] is not None:
-            # Checked by the worker (WAITAOF included): no round trip here, where
-            # a server that does not answer would hold up the child's start.
-            self._renewer.replicas = Replicas(*config["replicas"])
+        confirm = None if config["replicas"] is None else Replicas(*config["replicas"])
+        # Checked by the worker (the wait included): no round trip here, where a
+        # server that does not answer would hold up the child's start.
+        self._renewer.replicas = confirm
         self._max_batch: int = config["max_batch"]
         # Margin 0: the child lets a watched lock go only once the server may
         # have expired it; the worker's manager, with the margin, decides first.
@@ -146,7 +146,6 @@ class Child:
         self._grid = monotonic_ms() + timing.interval
         self._retry: int | None = None
         self._failed = 0
-        confirm = None if config["replicas"] is None else Replicas(*config["replicas"])
         self._taker = _Taker(config["connection"], timing.lock_duration, confirm)
         #: The token of each job a take took that the worker has not yet told of.
         self._fetched: dict[str, str] = {}
@@ -456,19 +455,10 @@ class _Taker:
             sent, wall, confirmed = sent_ms, sent_wall_ms, True
             failed = isinstance(reply, Exception)
             answer = portable(reply) if failed else reply
-            if shortfall is not None and not failed and _taken_id(answer) is not None:
-                # Trusted for nothing: the worker tells the run at once.
-                logger.warning(
-                    "job %r was taken, but %s: a failover may undo the take, so its run is "
-                    "told it lost the lock at once",
-                    _taken_id(answer),
-                    shortfall,
-                )
-                sent, wall, confirmed = (
-                    sent - self._lock_duration,
-                    wall - self._lock_duration,
-                    False,
-                )
+            job_id = None if failed else _taken_id(answer)
+            if shortfall is not None and job_id is not None:
+                sent, wall = untrusted_take(job_id, (sent, wall), shortfall, self._lock_duration)
+                confirmed = False
             answers.append((request, answer, token, slot, sent, wall, confirmed))
         return answers
 
