@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import threading
-import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -90,14 +89,15 @@ def test_the_longest_timeout_accepted_leaves_room_for_the_reply(
     assert kinds == {"NotReplicatedError"}, [f"{type(e).__name__}: {e}" for e in errors]
 
 
-def kill_the_wait(client: redis.Redis, after: float = 0.3) -> threading.Thread:
-    """Kill, from another connection, the client blocked in WAIT."""
+def kill_the_wait(client: redis.Redis, timeout: float = 10.0) -> threading.Thread:
+    """Kill, from another connection, the client blocked in WAIT, once it is."""
+
+    def waiting() -> list[str]:
+        return [seen["id"] for seen in client.client_list() if seen.get("cmd") == "wait"]
 
     def kill() -> None:
-        time.sleep(after)
-        for seen in client.client_list():
-            if seen.get("cmd") == "wait":
-                client.client_kill_filter(_id=seen["id"])
+        for found in wait_for(waiting, timeout, "a client blocked in WAIT"):
+            client.client_kill_filter(_id=found)
 
     thread = threading.Thread(target=kill, daemon=True)
     thread.start()

@@ -173,13 +173,15 @@ def test_process_mode_copies_the_sentinels_own_password(sentinels: SentinelSet) 
         sentinel_kwargs={"password": "sentinel-pw", "socket_timeout": 1.0},
     )
     client = manager_of.master_for(sentinels.master_name, socket_timeout=1.0)
-    token = take_locks(client, KEYS, ["j1"], 1500)["j1"]
+    token = take_locks(client, KEYS, ["j1"], 4000)["j1"]
     manager = actors.start_link(
-        connection=client, keys=KEYS, isolation="process", lock_duration=1500
+        connection=client, keys=KEYS, isolation="process", lock_duration=4000
     )
     try:
         actors.track_job(manager, "j1", token, wait=True)
-        time.sleep(2.0)
+        first = int(plain.pttl(KEYS.lock("j1")))
+        # The TTL goes up only if the child, logged in to the sentinels, renews the lock.
+        wait_for(lambda: int(plain.pttl(KEYS.lock("j1"))) > first, 8.0, "a renewal")
         assert plain.get(KEYS.lock("j1")) == token
     finally:
         manager.stop()
