@@ -90,7 +90,7 @@ def main(argv: list[str]) -> int:
         with contextlib.suppress(Exception):
             conn.send([("failed", portable(exc))])
         return 1
-    conn.send([("ready", os.getpid())])
+    child.ready()
     return child.run()
 
 
@@ -149,6 +149,17 @@ class Child:
         self._taker = _Taker(config["connection"], timing.lock_duration, confirm)
         #: The token of each job a take took that the worker has not yet told of.
         self._fetched: dict[str, str] = {}
+
+    def ready(self) -> None:
+        """Tell the worker the child is ready, after any line logged so far; return once sent.
+
+        Sent by the writer, the one thread that writes the socket, and in a batch
+        of its own: the worker reads no further than this word before it runs.
+        """
+        sent = threading.Event()
+        self._out.put(("ready", os.getpid()))
+        self._out.then(sent.set)
+        sent.wait()
 
     def run(self) -> int:
         """Serve the worker until it stops the child or is gone; return the exit code."""

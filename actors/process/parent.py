@@ -144,11 +144,25 @@ class Child:
     conn: Connection
     writer: Writer
 
-    def close(self) -> None:
-        """Kill the process if it still runs, reap it, close the socket and its writer."""
+    def shut(self) -> None:
+        """Kill the process if it still runs, reap it, and shut the socket both ways.
+
+        Whoever still reads or writes the socket fails at once; its descriptor
+        stays taken until :meth:`close`, so no thread that still holds its
+        number can reach the next socket given that number.
+        """
         end(self.process)
+        with contextlib.suppress(OSError, ValueError):
+            fd = self.conn.fileno()
+            # shutdown(2) on a duplicate: it acts on the socket, the descriptor stays ours.
+            with socket.fromfd(fd, socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        """Shut the child, end its writer, and close the socket once the writer has ended."""
+        self.shut()
         self.writer.close(0)
-        self.conn.close()
+        self.writer.then(self.conn.close)
 
 
 def spawn(config: dict[str, Any], memfd: int, generation: int) -> Child:
@@ -173,9 +187,7 @@ def spawn(config: dict[str, Any], memfd: int, generation: int) -> Child:
     conn = Connection(ours.detach())
     try:
         conn.send([("start", config)])
-        if not conn.poll(START_TIMEOUT_S):
-            raise RuntimeError(f"the child did not start within {START_TIMEOUT_S:g} s")
-        kind, detail = conn.recv()[0]
+        kind, detail = _first_answer(conn, time.monotonic() + START_TIMEOUT_S)
     except BaseException as exc:
         conn.close()
         end(process)
@@ -192,6 +204,24 @@ def spawn(config: dict[str, Any], memfd: int, generation: int) -> Child:
             raise detail
         raise RuntimeError(f"the child process could not start: {detail}")
     return Child(generation, process, conn, Writer(conn, f"LockManager-child-writer-{generation}"))
+
+
+def _first_answer(conn: Connection, deadline: float) -> tuple[str, Any]:
+    """The child's ``ready`` or ``failed`` word; the lines it logged while it started are logged."""
+    while True:
+        if not conn.poll(max(0.0, deadline - time.monotonic())):
+            raise RuntimeError(f"the child did not start within {START_TIMEOUT_S:g} s")
+        for word in conn.recv():
+            if word[0] == "log":
+                relay(word)
+            else:
+                return word[0], word[1]
+
+
+def relay(word: tuple[Any, ...]) -> None:
+    """Log a line the child logged (its ``log`` word) as the worker's own."""
+    _, level, name, text = word
+    Log(name).log(level, "%s", text)
 
 
 def end(process: subprocess.Popen[bytes]) -> None:
@@ -382,11 +412,12 @@ class ProcessLockManager(LockManager, isolation="process"):
                     self.queue_name,
                     extra={"queue": self.queue_name},
                 )
-            end(child.process)
-            child.conn.close()
+            child.shut()
         reader = self._reader
         if reader is not None and reader is not threading.current_thread():
             reader.join(STOP_TIMEOUT_S)
+        if child is not None:
+            child.close()  # once the reader is done with it
         late = self._spawned
         if late is not None and late is not child:
             late.close()  # started as the manager stopped, never handed to it: it holds nothing
@@ -449,8 +480,7 @@ class ProcessLockManager(LockManager, isolation="process"):
                 continue
             for word in words:
                 if word[0] == "log":
-                    _, level, name, text = word
-                    Log(name).log(level, "%s", text)
+                    relay(word)
                 elif word[0] == "tick":
                     self._said(ChildSaid("tick", word[1]))
                 elif word[0] == "took":

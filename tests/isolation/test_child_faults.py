@@ -12,11 +12,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import signal
+import socket
+import subprocess
 import threading
 import time
 import uuid
 from functools import partial
+from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -408,3 +412,59 @@ def test_a_child_killed_while_it_starts_is_a_clear_error(server: Server) -> None
         done.set()
         killer.join(SOON_S)
     wait_for(lambda: not set(children()) - before, SOON_S, "the killed child to be reaped")
+
+
+def test_words_still_queued_for_a_dead_child_never_reach_the_next_socket() -> None:
+    # Catches: a dead child's socket closed while its writer thread was still
+    # sending to it; the next socket opened took the same descriptor number, and
+    # the old words went to the next child's start ("too many values to unpack":
+    # a restart failed, and the manager stopped renewing).
+    def one_close() -> bool:
+        ours, theirs = socket.socketpair()
+        conn = Connection(ours.detach())
+        child = parent.Child(1, subprocess.Popen(["sleep", "60"]), conn, shared.Writer(conn, "w"))
+        busy = threading.Event()
+        sending = True
+
+        def drain() -> None:  # a reader, so the writer keeps writing
+            with contextlib.suppress(OSError):
+                while theirs.recv(1 << 16):
+                    busy.set()
+
+        def flood() -> None:
+            while sending:
+                child.writer.put(("set", "job", "token", 1, 2))
+                time.sleep(0)
+
+        threads = [threading.Thread(target=drain), threading.Thread(target=flood)]
+        for thread in threads:
+            thread.start()
+        assert busy.wait(SOON_S)
+        child.close()
+        nextpairs = [socket.socketpair() for _ in range(4)]
+        reached = select.select([s for pair in nextpairs for s in pair], [], [], 0.02)[0]
+        sending = False
+        theirs.close()
+        for thread in threads:
+            thread.join(SOON_S)
+        for a, b in nextpairs:
+            a.close()
+            b.close()
+        return bool(reached)
+
+    # Before the fix, about one close in seven leaked.
+    assert sum(one_close() for _ in range(60)) == 0
+
+
+def test_a_line_the_child_logs_before_it_is_ready_is_logged_and_it_starts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ours, theirs = socket.socketpair()
+    conn, child_end = Connection(ours.detach()), Connection(theirs.detach())
+    child_end.send([("log", logging.WARNING, "actors.process.child", "starting slowly")])
+    child_end.send([("ready", 1234)])
+    with caplog.at_level(logging.WARNING, logger="actors"):
+        assert parent._first_answer(conn, time.monotonic() + SOON_S) == ("ready", 1234)
+    assert [r.getMessage() for r in caplog.records] == ["starting slowly"]
+    conn.close()
+    child_end.close()
