@@ -31,14 +31,15 @@ import actors
 from actors import Timing, lease
 from actors.embedded import EmbeddedServer
 from tests.faults.conftest import KEYS
+from tests.faults.proxy import FaultProxy
 from tests.support import default_engine, new_token
+from tests.support.sentinel import SentinelSet
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from actors import ManagerRef
     from tests.faults.conftest import FaultRecord
-    from tests.faults.proxy import FaultProxy
 
 RUNS = range(int(os.environ.get("FAULT_RUNS", "1")))
 LOCK_MS = 2000
@@ -336,6 +337,77 @@ def test_failover_to_a_replica_that_missed_renewals(
     else:
         # Then the job heard within a tick (the client's timeout and a reconnect) of the failover
         assert told - fault <= TIMING.interval + TIMING.interval // 4 + 1000
+
+
+#: Longer than a Sentinel row lasts: a sentinel points a replica that
+#: replicates through the proxy back at the primary only this long after it saw it.
+SENTINEL_FAILOVER_TIMEOUT_MS = 120_000
+
+
+@pytest.mark.scenario
+@pytest.mark.parametrize("run", RUNS)
+@pytest.mark.parametrize("replicas", [0, 1], ids=["primary-only", "replicas=1"])
+def test_sentinel_failover_to_a_replica_whose_link_was_cut(
+    run: int, replicas: int, record: FaultRecord
+) -> None:
+    record.fault = "Sentinel failover to a replica whose link was cut (fault proxy)" + (
+        ", renewals confirmed by the replica (replicas=1)" if replicas else ""
+    )
+    record.asserted = (
+        "told before the new primary's copy expires; overlap 0"
+        if replicas
+        else "overlap measured (the renewals of the primary alone)"
+    )
+    thief: Thief | None = None
+    with (
+        SentinelSet(failover_timeout_ms=SENTINEL_FAILOVER_TIMEOUT_MS) as sentinels,
+        FaultProxy(*sentinels.primary()) as link,
+    ):
+        # Given a replica that replicates through the proxy, and a job leased
+        # through a manager on the Sentinel URL
+        sentinels.replicate_through((link.host, link.port))
+        primary, replica = sentinels.primary(), sentinels.replica()
+        direct = sentinels.admin(primary)
+        token = new_token()
+        with direct.pipeline(transaction=False) as pipe:
+            pipe.set(LOCK_KEY, token, nx=True, px=LOCK_MS)
+            pipe.execute_command("WAIT", 1, 5000)  # type: ignore[no-untyped-call]
+            assert pipe.execute() == [True, 1], "the replica did not take the lock"
+        manager = actors.start_link(
+            connection=sentinels.url, keys=KEYS, lock_duration=LOCK_MS, replicas=replicas
+        )
+        try:
+            with lease(manager, "job", token) as held:
+                wait_renewed(manager)
+                watch = Waiter(held)
+                # When the replica's link is cut: the primary goes on renewing, and
+                # the replica keeps the lock as the last renewal it saw left it
+                link.blackhole()
+                cut = now_ms()
+                expired = cut + int(sentinels.command(replica, "PTTL", LOCK_KEY))
+                thief = Thief(f"redis://{replica[0]}:{replica[1]}/0")
+                # and the sentinels fail the primary over to that replica, where
+                # another worker takes the job once its copy expires
+                sentinels.failover()
+                fault = now_ms()
+                taken = thief.took(timeout=LOCK_MS / 1000 + 10)
+                told = watch.result()
+                reason = held.reason
+        finally:
+            actors.stop(manager)
+            if thief is not None:
+                thief.close()
+    note(record, fault, told, expired, taken)
+    record.notes["cut_to_told_ms"] = told - cut
+    if replicas:
+        # Then with replicas=1 the job heard before that copy could expire
+        assert reason == "unconfirmed"
+        assert told < expired
+        assert told < taken
+    else:
+        # Then on the primary's word alone, it heard only once its renewals
+        # reached the new primary, where the other worker held the job
+        assert reason == "stolen"
 
 
 @pytest.mark.parametrize("run", RUNS)

@@ -68,6 +68,9 @@ RENEW_MS = 1000
 SHORT_LOCK_MS = 2000
 #: The replicas each renewal waits for, with ``replicas=``.
 REPLICAS = Replicas(1, timeout=200)
+#: The wait of a take: a take left unconfirmed is its run's end (told at once),
+#: so a loaded machine's slow acknowledgement gets what a 1 s client allows.
+TAKE_REPLICAS = Replicas(1, timeout=500)
 
 #: Seconds between two samples of a lock.
 SAMPLE_S = 0.02
@@ -491,7 +494,7 @@ def test_a_bullmq_worker_on_sentinel_renews_through_the_failover(
         connection = sentinels.async_client(decode_responses=True)
         worker = Worker("q", process, {**options, "connection": connection})
         use_actor_lock_manager(
-            worker, connection=sentinels.url, replicas=REPLICAS, isolation=isolation
+            worker, connection=sentinels.url, replicas=TAKE_REPLICAS, isolation=isolation
         )
         running = asyncio.ensure_future(worker.run())
         queue = Queue(

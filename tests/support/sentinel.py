@@ -156,6 +156,8 @@ class SentinelSet:
         self._async_managers: list[redis.asyncio.sentinel.Sentinel] = []
         self._sentinel_count = sentinel_count
         self._closed = False
+        #: Where the replica replicates from, when not the primary itself (a proxy).
+        self._via: Address | None = None
 
     # -- addresses ---------------------------------------------------------
 
@@ -398,10 +400,28 @@ class SentinelSet:
 
     # -- waiting -----------------------------------------------------------
 
+    def replicate_through(self, address: Address, timeout: float = START_TIMEOUT) -> None:
+        """Make the replica replicate from ``address`` (a proxy); return once it is in sync.
+
+        A sentinel points a replica whose primary address is not the primary's
+        back at the primary only ``failover_timeout_ms`` after it saw the
+        address change: give the set a failover timeout longer than the test.
+        A failover ends the arrangement (the replica becomes the primary).
+        """
+        with self._explained():
+            primary = self.primary()
+            replica = self.replica()
+            self.command(replica, "REPLICAOF", *address)
+            self._via = address
+            self._wait_in_sync(primary, replica, time.monotonic() + timeout)
+            self._wait_known(timeout)
+
     def _wait_in_sync(self, primary: Address, replica: Address, deadline: float) -> None:
+        source = self._via or primary
+
         def in_sync() -> bool:
             role = self.role(replica)
-            linked = role[0] == "slave" and (str(role[1]), int(role[2])) == primary
+            linked = role[0] == "slave" and (str(role[1]), int(role[2])) == source
             if not linked or role[3] != "connected":
                 return False
             # WAIT on the primary: the replica acknowledged everything written so far.
@@ -464,6 +484,7 @@ class SentinelSet:
             AssertionError: Not so within ``timeout`` seconds.
         """
         others = self._sentinel_count - 1
+        via = self._via
 
         def ready(address: Address) -> bool:
             admin: Any = self.admin(address)
@@ -485,7 +506,8 @@ class SentinelSet:
                 and not item["is_disconnected"]
                 and item.get("role-reported") == "slave"
                 and item.get("master-link-status") == "ok"
-                and (str(item.get("master-host")), int(item.get("master-port", 0))) == primary
+                and (str(item.get("master-host")), int(item.get("master-port", 0)))
+                == (via or primary)
                 for item in replicas
             )
 
@@ -544,6 +566,7 @@ class SentinelSet:
                 raise
 
         wait_for(asked_ok, _left(deadline), "SENTINEL FAILOVER to be accepted", interval=0.05)
+        self._via = None  # the replica it replicated through is the primary now
 
         def switched() -> bool:
             if any(answer != target for answer in self.reported()):
