@@ -83,12 +83,13 @@ def main(argv: list[str]) -> int:
     # A Ctrl-C reaches the terminal's whole group: the child ends after its worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(int(argv[0]))
+    out = Writer(conn, "child-writer")  # the one thread that writes the socket
     try:
         config = conn.recv()[0][1]
-        child = Child(conn, int(argv[1]), config)
+        child = Child(conn, out, int(argv[1]), config)
     except BaseException as exc:
-        with contextlib.suppress(Exception):
-            conn.send([("failed", portable(exc))])
+        out.put(("failed", portable(exc)))
+        out.close(WAIT_S)
         return 1
     child.ready()
     return child.run()
@@ -113,9 +114,9 @@ class _LogForward(logging.Handler):
 class Child:
     """The child's state: its locks, its grid, its client, the cells and the writer."""
 
-    def __init__(self, conn: Connection, memfd: int, config: dict[str, Any]) -> None:
+    def __init__(self, conn: Connection, out: Writer, memfd: int, config: dict[str, Any]) -> None:
         self._conn = conn
-        self._out = Writer(conn, "child-writer")
+        self._out = out
         self._map, self._cells = map_cells(memfd, config["slots"])
         os.close(memfd)
         self._parent: int = config["parent"]

@@ -135,14 +135,19 @@ def connection_spec(connection: object) -> str | dict[str, Any]:
 # -- the child's life ---------------------------------------------------------------
 
 
-@dataclass
 class Child:
     """One child process, the socket to it, and the thread that writes to it."""
 
-    generation: int
-    process: subprocess.Popen[bytes]
-    conn: Connection
-    writer: Writer
+    def __init__(
+        self, generation: int, process: subprocess.Popen[bytes], conn: Connection, writer: Writer
+    ) -> None:
+        self.generation = generation
+        self.process = process
+        self.conn = conn
+        self.writer = writer
+        # The socket is shut and closed once each, whichever threads ask.
+        self._socket_lock = threading.Lock()
+        self._shut = self._closed = False
 
     def shut(self) -> None:
         """Kill the process if it still runs, reap it, and shut the socket both ways.
@@ -152,17 +157,39 @@ class Child:
         number can reach the next socket given that number.
         """
         end(self.process)
-        with contextlib.suppress(OSError, ValueError):
-            fd = self.conn.fileno()
+        with self._socket_lock:
+            if self._shut or self._closed:
+                return
+            self._shut = True
             # shutdown(2) on a duplicate: it acts on the socket, the descriptor stays ours.
-            with socket.fromfd(fd, socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            with (
+                contextlib.suppress(OSError, ValueError),
+                socket.fromfd(self.conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as sock,
+            ):
                 sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         """Shut the child, end its writer, and close the socket once the writer has ended."""
         self.shut()
         self.writer.close(0)
-        self.writer.then(self.conn.close)
+        self.writer.then(self._close_socket)
+
+    def _close_socket(self) -> None:
+        with self._socket_lock:
+            if not self._closed:
+                self._closed = True
+                self.conn.close()
+
+
+class ChildDied(RuntimeError):
+    """The child process ended before it said it was ready; ``returncode`` is its exit code."""
+
+    def __init__(self, returncode: int | None) -> None:
+        super().__init__(
+            f"the child process exited with code {returncode} before it was ready "
+            "(see its output above)"
+        )
+        self.returncode = returncode
 
 
 def spawn(config: dict[str, Any], memfd: int, generation: int) -> Child:
@@ -192,10 +219,7 @@ def spawn(config: dict[str, Any], memfd: int, generation: int) -> Child:
         conn.close()
         end(process)
         if isinstance(exc, (EOFError, OSError)):  # its end closed, or reset with words unread
-            raise RuntimeError(
-                f"the child process exited with code {process.returncode} before it "
-                "was ready (see its output above)"
-            ) from None
+            raise ChildDied(process.returncode) from None
         raise
     if kind != "ready":
         conn.close()
@@ -487,7 +511,11 @@ class ProcessLockManager(LockManager, isolation="process"):
                     self._takes.answered(*word[1:])
 
     def _restart(self, child: Child, restarts: list[float]) -> Child | None:
-        """Start the next child off the manager's thread; ``None`` when the manager must stop."""
+        """Start the next child off the manager's thread; ``None`` when the manager must stop.
+
+        A child killed by a signal before it was ready (an OOM kill, say) is
+        one more restart: the next is started, within the same budget.
+        """
         child.close()
         logger.warning(
             "LockManager for queue %r: its child process ended (exit code %s); starting another",
@@ -495,36 +523,58 @@ class ProcessLockManager(LockManager, isolation="process"):
             child.process.returncode,
             extra={"queue": self.queue_name},
         )
-        now = time.monotonic()
-        restarts[:] = [t for t in restarts if now - t < RESTART_WINDOW_S]
-        restarts.append(now)
-        if len(restarts) > MAX_RESTARTS:
-            why = (
-                f"LockManager for queue {self.queue_name!r}: its child process ended "
-                f"{len(restarts)} times within {RESTART_WINDOW_S:g} s; the manager stops "
-                "and renews nothing more"
-            )
-            logger.error("%s", why, extra={"queue": self.queue_name})
-            self._said(ChildSaid("failed", why))
-            return None
-        try:
-            started = spawn(self._config, self._cells.fd, child.generation + 1)
-        except Exception:
-            if self._closing:
+        generation = child.generation
+        while True:
+            now = time.monotonic()
+            restarts[:] = [t for t in restarts if now - t < RESTART_WINDOW_S]
+            restarts.append(now)
+            if len(restarts) > MAX_RESTARTS:
+                why = (
+                    f"LockManager for queue {self.queue_name!r}: its child process ended "
+                    f"{len(restarts)} times within {RESTART_WINDOW_S:g} s; the manager stops "
+                    "and renews nothing more"
+                )
+                logger.error("%s", why, extra={"queue": self.queue_name})
+                self._said(ChildSaid("failed", why))
                 return None
-            why = (
-                f"LockManager for queue {self.queue_name!r}: its child process could not be "
-                "started again; the manager stops and renews nothing more"
-            )
-            logger.exception("%s", why, extra={"queue": self.queue_name})
-            self._said(ChildSaid("failed", why))
-            return None
+            generation += 1
+            try:
+                started = spawn(self._config, self._cells.fd, generation)
+                break
+            except ChildDied as died:
+                if self._closing:
+                    return None
+                if died.returncode is not None and died.returncode < 0:
+                    logger.warning(
+                        "LockManager for queue %r: its next child process was killed "
+                        "(exit code %s) before it was ready; starting another",
+                        self.queue_name,
+                        died.returncode,
+                        extra={"queue": self.queue_name},
+                    )
+                    continue
+                self._gave_up()
+                return None
+            except Exception:
+                if self._closing:
+                    return None
+                self._gave_up()
+                return None
         self._spawned = started
         if self._closing or not self._said(ChildSaid("up", started)):
             started.close()  # the manager stopped meanwhile: nobody else would
             return None
         self._takes.attach(started.writer)
         return started
+
+    def _gave_up(self) -> None:
+        """Log and say that no child could be started again (with the error being handled)."""
+        why = (
+            f"LockManager for queue {self.queue_name!r}: its child process could not be "
+            "started again; the manager stops and renews nothing more"
+        )
+        logger.exception("%s", why, extra={"queue": self.queue_name})
+        self._said(ChildSaid("failed", why))
 
     def _said(self, said: ChildSaid) -> bool:
         """Hand ``said`` to the manager's thread; ``False`` once it stops taking messages."""

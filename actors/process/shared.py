@@ -249,6 +249,8 @@ class Writer:
         # Set once the thread ended: a callback given after that runs at once.
         self._ended = False
         self._end_lock = threading.Lock()
+        # Held while the last callbacks run: one given meanwhile runs after them, not beside.
+        self._last_lock = threading.RLock()
         self._thread = threading.Thread(target=self._write, name=name, daemon=True)
         self._thread.start()
 
@@ -268,7 +270,7 @@ class Writer:
             if not self._ended:
                 self._words.put(sent)
                 return
-        with contextlib.suppress(Exception):
+        with self._last_lock, contextlib.suppress(Exception):
             sent()
 
     def close(self, timeout: float) -> None:
@@ -315,15 +317,18 @@ class Writer:
                 end = word is None
             if batch and not gone:
                 gone = self._send(batch)
-            if end:
+            if not end:
+                for sent in after:
+                    with contextlib.suppress(Exception):
+                        sent()
+                continue
+            with self._last_lock:
                 with self._end_lock:
                     self._ended = True
-                after += self._left_behind()
-            for sent in after:
-                with contextlib.suppress(Exception):
-                    sent()
-            if end:
-                return
+                for sent in [*after, *self._left_behind()]:
+                    with contextlib.suppress(Exception):
+                        sent()
+            return
 
     def _left_behind(self) -> list[Callable[[], object]]:
         """The callbacks queued after the end: their words will never be sent."""

@@ -468,3 +468,55 @@ def test_a_line_the_child_logs_before_it_is_ready_is_logged_and_it_starts(
     assert [r.getMessage() for r in caplog.records] == ["starting slowly"]
     conn.close()
     child_end.close()
+
+
+def test_a_callback_given_to_an_ended_writer_runs_after_its_last_ones_not_beside_them() -> None:
+    # Catches: a stop that came while a restart started its child closed that
+    # child's socket twice at once (the writer's last callback, and the stop's
+    # own close run at once beside it): the second close could take the next
+    # socket given the same descriptor number.
+    ours, theirs = socket.socketpair()
+    conn = Connection(ours.detach())
+    writer = shared.Writer(conn, "w")
+    order: list[str] = []
+    begun, release = threading.Event(), threading.Event()
+
+    def last() -> None:
+        order.append("last begins")
+        begun.set()
+        release.wait(SOON_S)
+        order.append("last ends")
+
+    writer.then(last)
+    writer.close(0)
+    assert begun.wait(SOON_S)
+    later = threading.Thread(target=writer.then, args=(lambda: order.append("later runs"),))
+    later.start()
+    later.join(0.2)  # it may not run while the writer's last callback runs
+    assert order == ["last begins"]
+    release.set()
+    later.join(SOON_S)
+    assert order == ["last begins", "last ends", "later runs"]
+    conn.close()
+    theirs.close()
+
+
+def test_a_child_killed_while_it_starts_again_is_one_more_restart(
+    server: Server, redis_client: redis.Redis
+) -> None:
+    # Catches: the next child killed before it said it was ready (an OOM kill,
+    # say) stopped the manager for good, well within its restart budget.
+    recorder = Renewals()
+    manager = _start(server, recorder)
+    tokens = take_locks(redis_client, KEYS, ["j"], LOCK_MS)
+    track_job(manager, "j", tokens["j"], notify=JobActor.start())
+    wait_for(lambda: recorder.renewed()["j"] >= 1, SOON_S, "a renewal")
+    [first] = children()
+    os.kill(first, signal.SIGKILL)
+    [second] = wait_for(lambda: [p for p in children() if p != first], SOON_S, "the next child")
+    os.kill(second, signal.SIGKILL)
+    again = time.monotonic()
+    wait_for(lambda: recorder.renewed(since=again)["j"], SOON_S, "a renewal by a third child")
+    assert manager.is_alive()
+    assert recorder.errors() == []
+    stop(manager)
