@@ -269,11 +269,12 @@ def test_a_child_that_keeps_dying_stops_the_manager_and_says_so(
 
 def _kill_the_child_of_a_renewing_manager(
     server: Server, redis_client: redis.Redis
-) -> tuple[Renewals, ManagerRef, float]:
+) -> tuple[Renewals, ManagerRef, float, int]:
     """Start a manager watching job ``j``, wait for its renewal, SIGKILL its child.
 
     Returns:
-        The recorder, the manager and when the child was killed (``time.monotonic()``).
+        The recorder, the manager, when the child was killed (``time.monotonic()``)
+        and its pid.
     """
     recorder = Renewals()
     manager = _start(server, recorder)
@@ -283,13 +284,13 @@ def _kill_the_child_of_a_renewing_manager(
     [first] = children()
     killed = time.monotonic()
     os.kill(first, signal.SIGKILL)
-    return recorder, manager, killed
+    return recorder, manager, killed, first
 
 
 def test_queries_are_answered_while_a_new_child_starts(
     server: Server, redis_client: redis.Redis
 ) -> None:
-    recorder, manager, killed = _kill_the_child_of_a_renewing_manager(server, redis_client)
+    recorder, manager, killed, _ = _kill_the_child_of_a_renewing_manager(server, redis_client)
     # While the next child starts (a new interpreter: a hundred ms or more),
     # the manager's own thread answers at once
     answered = []
@@ -307,7 +308,7 @@ def test_tracks_and_leases_asked_while_a_new_child_starts_are_answered(
     # Catches: an ask answered once its words are in the child's socket, put to
     # the writer of a child already dead, never answered (a lease entered then
     # waited out its deadline, and its exit forever).
-    recorder, manager, killed = _kill_the_child_of_a_renewing_manager(server, redis_client)
+    recorder, manager, killed, _ = _kill_the_child_of_a_renewing_manager(server, redis_client)
     # While the next child starts, each waited track and each lease is answered at once
     slowest, asked, i = 0.0, [], 0
     deadline = killed + SOON_S
@@ -506,13 +507,7 @@ def test_a_child_killed_while_it_starts_again_is_one_more_restart(
 ) -> None:
     # Catches: the next child killed before it said it was ready (an OOM kill,
     # say) stopped the manager for good, well within its restart budget.
-    recorder = Renewals()
-    manager = _start(server, recorder)
-    tokens = take_locks(redis_client, KEYS, ["j"], LOCK_MS)
-    track_job(manager, "j", tokens["j"], notify=JobActor.start())
-    wait_for(lambda: recorder.renewed()["j"] >= 1, SOON_S, "a renewal")
-    [first] = children()
-    os.kill(first, signal.SIGKILL)
+    recorder, manager, _, first = _kill_the_child_of_a_renewing_manager(server, redis_client)
     [second] = wait_for(lambda: [p for p in children() if p != first], SOON_S, "the next child")
     os.kill(second, signal.SIGKILL)
     again = time.monotonic()
