@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck docs docs-check package bench soak faults fuzz gil-fetch replicas bullmq-compat bullmq-latest clean
+.PHONY: demo test lint typecheck docs docs-check package bench soak faults fuzz gil-fetch replicas chaos-replicated bullmq-compat bullmq-latest clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +73,10 @@ faults: $(STAMP)
 ## chaos: four kinds of workers under a seeded nemesis, history checked (CHAOS_SECONDS=600, CHAOS_SEED)
 chaos: $(STAMP)
 	CHAOS_SECONDS=$${CHAOS_SECONDS:-600} $(BIN)/python -m tests.chaos.run
+
+## chaos-replicated: the chaos run on a Sentinel-managed primary and replica, replicas=1 (CHAOS_SECONDS=300)
+chaos-replicated: $(STAMP)
+	CHAOS_REPLICATED=1 CHAOS_SECONDS=$${CHAOS_SECONDS:-300} $(BIN)/python -m tests.chaos.run
 
 ## soak: the full load run (100,000 jobs, about 2 minutes)
 soak: $(STAMP)

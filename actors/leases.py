@@ -158,7 +158,8 @@ class Lease:
         The first read costs one round trip on the manager's client and needs
         the lock to hold the lease's token; later reads return the same number,
         after a loss too: it still names this holder, whose writes a store that
-        saw a later holder's number refuses.
+        saw a later holder's number refuses. With the manager's ``replicas=``,
+        the number is confirmed by the replicas as its renewals are.
 
         Raises:
             LockLost: The lock is lost, or no longer holds the lease's token
@@ -166,6 +167,8 @@ class Lease:
             LookupError: The job's hash is gone.
             RuntimeError: The lease is not held, or its manager renews through
                 a renewer with no client.
+            NotReplicatedError: Fewer replicas than the manager's ``replicas=``
+                confirmed the number within its timeout (read it again to retry).
             redis.exceptions.RedisError: The server or the connection failed.
         """
         with self._fence_lock:
@@ -175,7 +178,9 @@ class Lease:
                 self.check()
                 client, keys = self._manager.fencing()
                 try:
-                    self._fence = fence(client, keys, self.job_id, self.token)
+                    self._fence = fence(
+                        client, keys, self.job_id, self.token, replicas=self._manager.replicas
+                    )
                 except LockLost as lost:
                     self._lose(lost)
                     raise

@@ -590,6 +590,12 @@ class LockManager(pykka.ThreadingActor):
         """Whether ``thread`` runs user code for this manager (callbacks, targets, records)."""
         return self._reporter.owns(thread)
 
+    @property
+    def replicas(self) -> Replicas | None:
+        """The replicas each renewal waits for, or ``None`` (a ``renewer=`` confirms its own)."""
+        confirm: Replicas | None = getattr(self._renewer, "replicas", None)
+        return confirm
+
     def fencing(self) -> tuple[Client, QueueKeys]:
         """Return the client and keys a lease takes its fence with (thread-safe).
 

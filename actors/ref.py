@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from actors.keys import QueueKeys
+    from actors.scripts import Replicas
 
 __all__ = [
     "UNREAD",
@@ -383,6 +384,11 @@ class _Manager(Protocol):
         """The client and keys a lease takes its fence with."""
         ...
 
+    @property
+    def replicas(self) -> Replicas | None:
+        """The replicas each of its writes waits for (``None``: the primary's word)."""
+        ...
+
     def taker(self) -> Callable[..., Any] | None:
         """What runs a lock-taking script where the locks are renewed, if not here."""
         ...
@@ -418,6 +424,11 @@ class ManagerRef(pykka.ActorRef[Any]):
     def queue_name(self) -> str:
         """The name of the queue the manager renews for."""
         return self._manager.queue_name
+
+    @property
+    def replicas(self) -> Replicas | None:
+        """The replicas each renewal and each lease's fence wait for, or ``None``."""
+        return self._manager.replicas
 
     def trusted_for(self, safety_margin: int | None = None) -> int:
         """Return how long a watched lock is trusted after a confirmed renewal's send, in ms.

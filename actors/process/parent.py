@@ -329,6 +329,7 @@ class ProcessLockManager(LockManager, isolation="process"):
             )
             check_lock_duration(self._timing.lock_duration)
             confirm = self._replicas(connection, replicas)
+            self._confirm = confirm
             waits = None if confirm is None else (confirm.count, confirm.timeout, confirm.aof)
             self._config: dict[str, Any] = {
                 "connection": connection_spec(connection),
@@ -378,6 +379,11 @@ class ProcessLockManager(LockManager, isolation="process"):
             finally:
                 client.close()
         return confirm
+
+    @property
+    def replicas(self) -> Replicas | None:
+        """The replicas each renewal (in the child) and each lease's fence wait for, or ``None``."""
+        return self._confirm
 
     def fencing(self) -> tuple[Client, QueueKeys]:
         """Return the worker's client for fences: the one given, or one built once from the URL."""

@@ -11,13 +11,18 @@ reads Redis or a clock.
   its worker) and ``grace_ms`` after each pause: a paused process does
   nothing, the job's code included, and needs a moment after it to read its
   mailbox (the "abort before steal" bound holds only while a process runs).
+  So is a run's time while another run of its worker held the event loop
+  they share (a ``hold`` record: the ``bullmq`` worker's busy job runs its
+  steps without yielding), and ``grace_ms`` after: the run could not run.
   An overlap whose older run (the one whose lock was taken first: by
   ``taken``, the job's ``processedOn``, where known) is not ``watched`` (a
   BullMQ for Node.js run: nothing tells it of a lost lock) is the peer's,
   listed apart and not counted.
 - **Unexplained losses.** A ``lost`` whose time (``seen``, for a refused
   move: when the refusal came) is in no fault window on its worker (or on
-  Redis) stretched by ``lock_ms`` after the fault's end.
+  Redis) stretched by ``lock_ms`` after the fault's end. A fault of the
+  replica alone (its link cut, its restart) explains only a loss for want of
+  its confirmation (``unconfirmed`` in the reason): the primary kept the locks.
 - **Unfinished jobs.** An added job with no ``finished``/``completed`` run, or
   whose final state is not ``completed``, or with a run never ended; except a
   job a ``redis-restart`` wiped (its final state ``"wiped"``, a restart after
@@ -30,6 +35,21 @@ reads Redis or a clock.
   took its lock (that run's fetch was sent after the writer's run started,
   and answered before the write was sent); a run that surely took the lock
   after another but got a fence no higher.
+
+**What a failover may undo.** A ``failover`` fault (or a ``lagging-failover``,
+whose replica's link was cut a while before) records ``synced``: the
+replica held every write made before it. A write the primary took after
+that, up to the fault's ``end`` (the old primary a replica again), may be
+undone: the replicas confirmed none of them. Two are not failures, and are
+counted apart: a job whose adding was undone (its final state ``"wiped"``,
+its add sent before the fault's end and answered after ``synced``), and a
+completion undone (sent before the end, answered after ``synced``), after
+which the job runs again once its first run ended. The writes the ``actors``
+workers have confirmed (renewals, takes, fences, guarded writes) are never
+undone: overlaps, losses, unfinished jobs and stale writes count as ever.
+A job run again after a completion no failover explains is listed apart, as
+are the primary changes the sentinels saw (a ``switches`` note) beyond the
+``failover`` faults: a failover nobody asked for undoes writes unexplained.
 """
 
 from __future__ import annotations
@@ -42,6 +62,13 @@ __all__ = ["Finding", "Run", "Verdict", "build_runs", "check", "pauses"]
 
 #: Fault kinds during which the target's process runs none of its code.
 PAUSING = ("stop", "gil")
+#: Fault kinds that promote a replica, which may lack the primary's last writes.
+FAILOVERS = ("failover", "lagging-failover")
+#: Fault kinds of the replica alone: the primary keeps every lock, and only the
+#: replica's confirmations are missing, so they explain no loss but an unconfirmed one.
+REPLICA_FAULTS = ("replica-cut", "replica-restart")
+#: What every loss for want of a replica's confirmation says.
+UNCONFIRMED = "unconfirmed"
 
 
 @dataclass(frozen=True)
@@ -96,6 +123,14 @@ class Verdict:
     writes: int = 0
     #: Jobs a restart of the server wiped before any run completed them.
     wiped: int = 0
+    #: Jobs whose adding a failover undid.
+    undone_adds: int = 0
+    #: Completions a failover undid, after which the job ran again.
+    undone_completions: int = 0
+    #: Runs of a job after a completion of it that no failover explains (not counted).
+    reruns: list[Finding] = field(default_factory=list)
+    #: Primary changes the sentinels saw beyond the ``failover`` faults (a ``switches`` note).
+    unasked_failovers: int = 0
 
     @property
     def counts(self) -> dict[str, int]:
@@ -163,12 +198,22 @@ def build_runs(records: list[dict[str, Any]]) -> list[Run]:
     return sorted(runs, key=lambda run: (run.start, run.token))
 
 
-def pauses(records: list[dict[str, Any]], base: str, grace_ns: int) -> list[tuple[int, int]]:
-    """The windows in which ``base``'s process ran nothing, each stretched by ``grace_ns``."""
+def pauses(
+    records: list[dict[str, Any]], base: str, grace_ns: int, tokens: tuple[str, ...] = ()
+) -> list[tuple[int, int]]:
+    """The windows in which ``base``'s process ran nothing, each stretched by ``grace_ns``.
+
+    With ``tokens`` (two runs of one job), also those in which a third run held
+    the event loop of ``base``'s runs: neither of the two ran meanwhile.
+    """
     return sorted(
         (int(r["start"]), int(r["end"]) + grace_ns)
         for r in records
-        if r.get("kind") == "fault" and r.get("fault") in PAUSING and r.get("target") == base
+        if r.get("target") == base
+        and (
+            (r.get("kind") == "fault" and r.get("fault") in PAUSING)
+            or (r.get("kind") == "hold" and tokens and r.get("holder") not in tokens)
+        )
     )
 
 
@@ -225,8 +270,10 @@ def _overlaps(
                     continue
                 # Either may be the stale one: a fetch answered after a pause
                 # is stamped after it, though its lock was taken before.
+                tokens = (older.token, newer.token)
                 cover = sorted(
-                    pauses(records, older.base, grace_ns) + pauses(records, newer.base, grace_ns)
+                    pauses(records, older.base, grace_ns, tokens)
+                    + pauses(records, newer.base, grace_ns, tokens)
                 )
                 both = _uncovered(newer.start, min(older.end, newer.end), cover)
                 if both > 0:
@@ -353,6 +400,7 @@ def _unexplained(records: list[dict[str, Any]], lock_ms: int) -> tuple[int, list
         if any(
             f.get("target") in (record["base"], "redis")
             and int(f["start"]) <= at <= int(f["end"]) + lock_ns
+            and (f.get("fault") not in REPLICA_FAULTS or UNCONFIRMED in str(record.get("reason")))
             for f in faults
         ):
             continue
@@ -403,6 +451,85 @@ def _wiped(records: list[dict[str, Any]], added: list[str]) -> set[str]:
         for job in added
         if final.get(job) == "wiped" and any(at > when.get(job, at) for at in restarts)
     }
+
+
+def _failovers(records: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """The windows in which a failover may undo a write: from ``synced`` to the fault's end."""
+    return sorted(
+        (int(r.get("synced", r["start"])), int(r["end"]))
+        for r in records
+        if r.get("kind") == "fault" and r.get("fault") in FAILOVERS
+    )
+
+
+def _undoable(sent: int, answered: int, windows: list[tuple[int, int]]) -> bool:
+    """Whether a write sent at ``sent`` and answered at ``answered`` may have been undone."""
+    return any(sent <= end and answered >= synced for synced, end in windows)
+
+
+def _undone_adds(records: list[dict[str, Any]], added: list[str]) -> set[str]:
+    """The jobs left ``"wiped"`` whose adding a failover may have undone."""
+    windows = _failovers(records)
+    final = {
+        str(r["job"]): str(r["state"])
+        for r in records
+        if r.get("kind") == "job" and r["event"] == "final"
+    }
+    adds = {
+        str(r["job"]): (int(r.get("sent", _t(r))), _t(r))
+        for r in records
+        if r.get("kind") == "job" and r["event"] == "added"
+    }
+    return {
+        job
+        for job in added
+        if final.get(job) == "wiped" and job in adds and _undoable(*adds[job], windows)
+    }
+
+
+def _runs_again(records: list[dict[str, Any]], runs: list[Run]) -> tuple[int, list[Finding]]:
+    """Completions a failover undid before the job ran again; and the reruns none explains."""
+    windows = _failovers(records)
+    starts: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        starts[run.job].append(run)
+    undone, found = 0, []
+    for record in records:
+        if not (
+            record.get("kind") == "run"
+            and record["event"] == "finished"
+            and record.get("outcome") == "completed"
+        ):
+            continue
+        job, sent = str(record["job"]), _t(record)
+        # Taken after it: a fetch sent before (answered late) took the lock before.
+        later = [run for run in starts[job] if run.took > sent]
+        if not later:
+            continue
+        if _undoable(sent, int(record.get("seen", sent)), windows):
+            undone += 1
+            continue
+        found.append(
+            Finding(
+                f"job {job}: run {later[0].token} ({later[0].worker}) started after run "
+                f"{record['token']} completed it, with no failover between",
+                _window([record, *_run_records(records, later[0])]),
+            )
+        )
+    return undone, found
+
+
+def _unasked(records: list[dict[str, Any]]) -> int:
+    """Primary changes the sentinels saw, less the ``failover`` faults that asked for them."""
+    seen = sum(
+        int(r["count"]) for r in records if r.get("kind") == "note" and r.get("what") == "switches"
+    )
+    asked = sum(
+        1
+        for r in records
+        if r.get("kind") == "fault" and r.get("fault") in FAILOVERS and "error" not in r
+    )
+    return max(0, seen - asked)
 
 
 def _completed(records: list[dict[str, Any]]) -> set[str]:
@@ -464,6 +591,8 @@ def check(
     losses, unexplained = _unexplained(records, int(lock_ms))
     overlaps, peer_overlaps = _overlaps(records, runs, grace_ns)
     wiped = _wiped(records, added)
+    undone_adds = _undone_adds(records, added) - wiped
+    undone_completions, reruns = _runs_again(records, runs)
     return Verdict(
         seed=config.get("seed"),
         jobs=len(added),
@@ -471,11 +600,15 @@ def check(
         faults=dict(sorted(by_kind.items())),
         overlaps=overlaps,
         unexplained_losses=unexplained,
-        unfinished=_unfinished(records, runs, added, wiped),
+        unfinished=_unfinished(records, runs, added, wiped | undone_adds),
         stale_writes=_stale_writes(records, runs),
         peer_overlaps=peer_overlaps,
         losses=losses,
         unexpected_exits=sum(1 for r in records if r.get("kind") == "exit"),
         writes=sum(1 for r in records if r.get("kind") == "write"),
         wiped=len(wiped - _completed(records)),
+        undone_adds=len(undone_adds),
+        undone_completions=undone_completions,
+        reruns=reruns,
+        unasked_failovers=_unasked(records),
     )

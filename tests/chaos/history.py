@@ -7,15 +7,19 @@ Every record has a ``kind``:
   ``outcome`` ``"completed"`` or ``"failed"``), with ``job``, ``attempt``,
   ``token``, ``worker`` (the process's incarnation, ``thread#2``), ``base``
   (the worker's name, ``thread``), ``created`` (the job's ``timestamp``) and
-  ``t``; a refused move's ``lost`` also ``seen`` (when the refusal came; ``t``
-  is when the move was sent), a ``started`` also ``taken`` (the job's
-  ``processedOn``) and, for BullMQ for Node.js, ``watched: false``;
+  ``t``; a refused move's ``lost`` and a ``finished`` also ``seen`` (when the
+  refusal or the answer came; ``t`` is when the move was sent), a ``started``
+  also ``taken`` (the job's ``processedOn``) and, for BullMQ for Node.js,
+  ``watched: false``;
 - ``"write"``: a result written to a store (:mod:`tests.chaos.store`);
 - ``"fault"``: ``fault`` (its kind), ``target`` (a worker's base name or
   ``"redis"``), ``start`` and ``end``; a ``"kill"`` names the ``incarnation``
-  it killed;
+  it killed; a fault of a replicated run gives ``synced`` (the replica held
+  every write made before it), one that failed an ``error``;
+- ``"hold"``: a run of the ``bullmq`` worker held the event loop its runs
+  share (``target``: the base name, ``holder``: the run's token, ``start``, ``end``);
 - ``"exit"``: a worker incarnation ended without being killed (``worker``, ``t``);
-- ``"job"``: ``event`` ``"added"`` (``job``, ``t``) or ``"final"`` (``job``,
+- ``"job"``: ``event`` ``"added"`` (``job``, ``sent``, ``t``) or ``"final"`` (``job``,
   ``state``: what bullmq says of it once the run is over);
 - ``"config"``: the run's settings (``seed``, ``lock_ms``, ``grace_ms``...).
 

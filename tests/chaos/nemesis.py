@@ -7,6 +7,16 @@ worker's proxy black-holes its traffic), ``gil`` (the worker holds the GIL in
 C code; the worker records that fault itself, as measured), ``child-kill``
 (SIGKILL the child of the process-mode manager; it ends once a new child
 runs) and ``child-stop`` (SIGSTOP/SIGCONT that child).
+
+A replicated run (:data:`REPLICATED_KINDS`) keeps the workers' faults, drops
+those of the one server and the partitions (its workers reach the sentinels,
+not a proxy), and adds the replicated ones, all on target ``"redis"``:
+``failover`` (``SENTINEL FAILOVER``, until the old primary replicates the new
+one through the proxy again), ``lagging-failover`` (the same, the replica's
+link cut for a while first: the replica promoted lacks those writes),
+``replica-cut`` (the replica's link black-holed a while) and
+``replica-restart`` (the replica killed, its files removed, started empty: it
+resyncs). Each records ``synced``: the replica held every earlier write.
 One fault at a time per target; up to :data:`MAX_ACTIVE` at once.
 """
 
@@ -16,10 +26,11 @@ import contextlib
 import os
 import random
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tests.chaos.history import History, now
 from tests.isolation.conftest import children
@@ -29,7 +40,7 @@ if TYPE_CHECKING:
 
     from tests.faults.proxy import FaultProxy
 
-__all__ = ["KINDS", "MAX_ACTIVE", "TAKES", "Nemesis", "Targets"]
+__all__ = ["KINDS", "MAX_ACTIVE", "REPLICATED_KINDS", "TAKES", "Nemesis", "Targets"]
 
 #: Each kind of fault, and how often it is picked against the others.
 KINDS = {
@@ -42,6 +53,27 @@ KINDS = {
     "child-kill": 1,
     "child-stop": 1,
 }
+#: The kinds of a replicated run, and how often each is picked.
+REPLICATED_KINDS = {
+    "kill": 2,
+    "stop": 2,
+    "gil": 2,
+    "child-kill": 1,
+    "child-stop": 1,
+    "failover": 2,
+    "lagging-failover": 1,
+    "replica-cut": 2,
+    "replica-restart": 1,
+}
+#: Kinds whose target is the server (or the replicated set), not a worker.
+SERVER_KINDS = (
+    "redis-stop",
+    "redis-restart",
+    "failover",
+    "lagging-failover",
+    "replica-cut",
+    "replica-restart",
+)
 #: The faults each kind of worker takes: a GIL hold needs Python, a child the process mode.
 TAKES = {
     "thread": ("kill", "stop", "partition", "gil"),
@@ -79,6 +111,18 @@ class Targets(Protocol):
         """The folder of the workers' control files."""
         ...
 
+    def fail_over(self, lag_s: float = 0.0) -> dict[str, Any]:
+        """Fail the primary over to the replica, its link cut ``lag_s`` first: the record's more."""
+        ...
+
+    def cut_link(self, seconds: float) -> dict[str, Any]:
+        """Cut the replica's link for ``seconds`` (replicated runs): what the record adds."""
+        ...
+
+    def restart_replica(self, down_s: float) -> dict[str, Any]:
+        """Restart the replica empty (replicated runs): what the record adds."""
+        ...
+
 
 class Nemesis:
     """Picks and applies faults from ``random.Random(seed)`` until :meth:`stop`.
@@ -89,14 +133,22 @@ class Nemesis:
         history: Where each fault is recorded.
         lock_ms: The locks' TTL: fault lengths are 0.2-1.6 of it.
         bases: The workers' base names, each with its kind (see :data:`TAKES`).
+        kinds: The kinds to pick from, with their weights.
     """
 
     def __init__(
-        self, seed: int, targets: Targets, history: History, lock_ms: int, bases: dict[str, str]
+        self,
+        seed: int,
+        targets: Targets,
+        history: History,
+        lock_ms: int,
+        bases: dict[str, str],
+        kinds: dict[str, int] | None = None,
     ) -> None:
         self.rng = random.Random(seed)
         self.targets, self.history, self.lock_s = targets, history, lock_ms / 1000
         self.bases = bases
+        self.kinds = dict(KINDS if kinds is None else kinds)
         self._busy: set[str] = set()
         self._guard = threading.Lock()
         self._done = threading.Event()
@@ -116,13 +168,13 @@ class Nemesis:
 
     def _run(self) -> None:
         while not self._done.wait(self.rng.uniform(0.1, 0.5) * self.lock_s):
-            kind = self.rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
+            kind = self.rng.choices(list(self.kinds), weights=list(self.kinds.values()))[0]
             length = self.rng.uniform(0.2, 1.6) * self.lock_s
             with self._guard:
                 if len(self._busy) >= MAX_ACTIVE:
                     continue
                 free = [base for base in self.bases if base not in self._busy]
-                if kind.startswith("redis-"):
+                if kind in SERVER_KINDS:
                     choices = ["redis"] if "redis" not in self._busy else []
                 else:
                     choices = [base for base in free if kind in TAKES[self.bases[base]]]
@@ -229,3 +281,29 @@ class Nemesis:
             time.sleep(0.02)
         self._record("child-kill", base, start, killed=found[0])
         time.sleep(length)
+
+    def _failover(self, target: str, length: float) -> None:
+        self._replicated("failover", target, self.targets.fail_over)
+
+    def _lagging_failover(self, target: str, length: float) -> None:
+        lag_s = min(length, 3.0)
+        self._replicated(
+            "lagging-failover", target, lambda: {**self.targets.fail_over(lag_s), "lag_s": lag_s}
+        )
+
+    def _replica_cut(self, target: str, length: float) -> None:
+        self._replicated("replica-cut", target, lambda: self.targets.cut_link(length))
+
+    def _replica_restart(self, target: str, length: float) -> None:
+        down_s = min(length, 2.0)
+        self._replicated("replica-restart", target, lambda: self.targets.restart_replica(down_s))
+
+    def _replicated(self, kind: str, target: str, apply: Callable[[], dict[str, Any]]) -> None:
+        """Apply a fault of the replicated set and record it; a fault that failed says why."""
+        start = now()
+        try:
+            more = apply()
+        except Exception as error:  # the run goes on; its record says the fault failed
+            print(f"{kind} failed: {error}", file=sys.stderr)
+            more = {"error": str(error)[:500]}
+        self._record(kind, target, start, **more)

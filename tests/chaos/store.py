@@ -11,7 +11,9 @@ Two stores, two cures for a stale holder (see the Fencing guide):
 
 Each attempt goes to the history as a ``"write"`` record (``store``, ``job``,
 ``token``, ``fence``, ``accepted``, ``seq`` for the fenced store, and ``t0``
-/ ``t``: just before the write was sent and once it was answered).
+/ ``t``: just before the write was sent and once it was answered). A guarded
+write the replicas did not confirm (``replicas=``) is not accepted: it is
+recorded with ``unconfirmed``, and its ``NotReplicatedError`` raised.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
     import redis
     import redis.asyncio
 
-    from actors import QueueKeys
+    from actors import QueueKeys, Replicas
     from tests.chaos.history import History
 
 __all__ = ["create", "result_key", "write_fenced", "write_guarded", "write_guarded_async"]
@@ -106,25 +108,25 @@ def write_guarded(
     run: dict[str, Any],
     job_id: str,
     token: str,
+    *,
+    replicas: Replicas | None = None,
 ) -> bool:
-    """Write the run's result to Redis while its lock holds ``token``; record whether it was."""
+    """Write the run's result to Redis while its lock holds ``token``; record whether it was.
+
+    Raises:
+        NotReplicatedError: Fewer ``replicas`` confirmed the write than asked (recorded).
+    """
     t0 = now()
     try:
-        with actors.guarded(client, keys, job_id, token) as pipe:
+        with actors.guarded(client, keys, job_id, token, replicas=replicas) as pipe:
             pipe.set(result_key(keys, job_id), token)
         accepted = True
     except actors.LockLost:
         accepted = False
-    history.write(
-        kind="write",
-        store="guarded",
-        job=job_id,
-        token=token,
-        accepted=accepted,
-        t0=t0,
-        t=now(),
-        **run,
-    )
+    except actors.NotReplicatedError:
+        _record_guarded(history, run, job_id, token, t0, accepted=False, unconfirmed=True)
+        raise
+    _record_guarded(history, run, job_id, token, t0, accepted=accepted)
     return accepted
 
 
@@ -135,15 +137,38 @@ async def write_guarded_async(
     run: dict[str, Any],
     job_id: str,
     token: str,
+    *,
+    replicas: Replicas | None = None,
 ) -> bool:
-    """:func:`write_guarded` through an asyncio client."""
+    """:func:`write_guarded` through an asyncio client.
+
+    Raises:
+        NotReplicatedError: Fewer ``replicas`` confirmed the write than asked (recorded).
+    """
     t0 = now()
     try:
-        async with actors.guarded(client, keys, job_id, token) as pipe:
+        async with actors.guarded(client, keys, job_id, token, replicas=replicas) as pipe:
             pipe.set(result_key(keys, job_id), token)
         accepted = True
     except actors.LockLost:
         accepted = False
+    except actors.NotReplicatedError:
+        _record_guarded(history, run, job_id, token, t0, accepted=False, unconfirmed=True)
+        raise
+    _record_guarded(history, run, job_id, token, t0, accepted=accepted)
+    return accepted
+
+
+def _record_guarded(
+    history: History,
+    run: dict[str, Any],
+    job_id: str,
+    token: str,
+    t0: int,
+    *,
+    accepted: bool,
+    **more: Any,
+) -> None:
     history.write(
         kind="write",
         store="guarded",
@@ -152,6 +177,6 @@ async def write_guarded_async(
         accepted=accepted,
         t0=t0,
         t=now(),
+        **more,
         **run,
     )
-    return accepted

@@ -394,3 +394,180 @@ def test_a_refused_move_is_explained_by_a_pause_between_its_send_and_its_refusal
     assert check(records).ok
     unexplained = [*records[:3], run("lost", "1", "a", 100, reason="move refused"), *records[4:]]
     assert len(check(unexplained).unexplained_losses) == 1
+
+
+def added(job_id: str, sent_ms: int, t_ms: int, state: str, created: int) -> list[Any]:
+    named = {"job": job_id, "created": created}
+    return [
+        {"kind": "job", "event": "added", "sent": sent_ms * MS, "t": t_ms * MS, **named},
+        {"kind": "job", "event": "final", "state": state, "t": 99_000 * MS, **named},
+    ]
+
+
+def test_a_job_whose_adding_a_failover_undid_is_counted_apart() -> None:
+    # The replica held every write up to 5000 ms; the old primary took writes until 8000.
+    failover = fault("failover", "redis", 4990, 8000, synced=5000 * MS)
+    records = [CONFIG, failover, *added("7", 6000, 6001, "wiped", created=6000)]
+    verdict = check(records)
+    assert verdict.ok, verdict
+    assert (verdict.jobs, verdict.undone_adds, verdict.wiped) == (1, 1, 0)
+    # Answered before the replica was known to hold everything: the replica has it.
+    replicated = [CONFIG, failover, *added("7", 4000, 4001, "wiped", created=4000)]
+    assert len(check(replicated).unfinished) == 1
+    # Sent after the old primary was a replica again: no failover undid it.
+    after = [CONFIG, failover, *added("7", 8100, 8101, "wiped", created=8100)]
+    assert len(check(after).unfinished) == 1
+    # A failover that undoes an add does not excuse a job that is still there, unfinished.
+    left = [CONFIG, failover, *added("7", 6000, 6001, "wait", created=6000)]
+    assert len(check(left).unfinished) == 1
+
+
+def test_a_completion_a_failover_undid_lets_the_job_run_again() -> None:
+    named: dict[str, Any] = {"created": 100}
+    records = [
+        CONFIG,
+        *added("1", 0, 1, "completed", created=100),
+        fault("failover", "redis", 4990, 8000, synced=5000 * MS),
+        run("started", "1", "a", 4000, taken=4000 * MS, **named),
+        # Sent to the old primary after the replica's last confirmation: undone.
+        run("finished", "1", "a", 6000, seen=6001 * MS, outcome="completed", **named),
+        # Its lock, as the replica had it, expired; a stalled check gave the job to another.
+        run("started", "1", "b", 10_000, base="bullmq", taken=10_000 * MS, **named),
+        run("finished", "1", "b", 10_500, base="bullmq", outcome="completed", **named),
+    ]
+    verdict = check(records)
+    assert verdict.ok, verdict
+    assert verdict.undone_completions == 1
+    assert not verdict.reruns
+    # Without the failover, the rerun is listed (not counted).
+    plain = [r for r in records if r.get("fault") != "failover"]
+    verdict = check(plain)
+    assert verdict.ok
+    assert verdict.undone_completions == 0
+    assert [f.what.split(":")[0] for f in verdict.reruns] == ["job 1@100"]
+
+
+def test_a_failover_excuses_no_overlap_and_no_stale_write() -> None:
+    # The old primary still took run a's writes; run b took the job on the new one.
+    records = [
+        CONFIG,
+        *job("1"),
+        fault("failover", "redis", 4990, 8000, synced=5000 * MS),
+        run("started", "1", "a", 4000, taken=4000 * MS),
+        run("started", "1", "b", 7000, base="bullmq", taken=7000 * MS),
+        run("lost", "1", "a", 7500, reason="unconfirmed"),
+        run("finished", "1", "b", 7600, base="bullmq", outcome="completed"),
+    ]
+    verdict = check(records)
+    assert len(verdict.overlaps) == 1
+    # An unconfirmed guarded write is not accepted, and is no stale write.
+    unconfirmed = write("guarded", "1", "a", 7200, accepted=False, unconfirmed=True)
+    assert not check([*records, unconfirmed]).stale_writes
+    accepted = write("guarded", "1", "a", 7200, accepted=True)
+    assert len(check([*records, accepted]).stale_writes) == 1
+
+
+def test_a_loss_during_a_replicated_fault_is_explained() -> None:
+    records = [
+        CONFIG,
+        *job("1"),
+        fault("replica-cut", "redis", 1000, 3000, synced=1000 * MS),
+        run("started", "1", "a", 0),
+        run("lost", "1", "a", 3500, reason="unconfirmed"),
+        run("started", "1", "b", 6000, base="bullmq"),
+        run("finished", "1", "b", 6500, base="bullmq", outcome="completed"),
+    ]
+    assert check(records).ok
+
+
+def test_primary_changes_beyond_the_failover_faults_are_unasked() -> None:
+    records = [
+        CONFIG,
+        fault("failover", "redis", 1000, 4000, synced=1000 * MS),
+        fault("failover", "redis", 5000, 6000, error="timed out"),
+        {"kind": "note", "what": "switches", "count": 2, "t": 9000 * MS},
+    ]
+    assert check(records).unasked_failovers == 1
+    assert check(records[:2]).unasked_failovers == 0
+
+
+def test_a_lagging_failover_may_undo_what_the_primary_took_since_the_cut() -> None:
+    # The link was cut at 5000 ms, the replica promoted at 8000 lacking those three seconds.
+    lagging = fault("lagging-failover", "redis", 4990, 11_000, synced=5000 * MS, lag_s=3.0)
+    records = [CONFIG, lagging, *added("7", 6000, 6001, "wiped", created=6000)]
+    verdict = check(records)
+    assert verdict.ok, verdict
+    assert verdict.undone_adds == 1
+
+
+def test_a_run_whose_take_came_before_a_completion_is_no_rerun() -> None:
+    # Its fetch took the lock on the old primary; a GIL hold delayed its news past the completion.
+    records = [
+        CONFIG,
+        *job("1"),
+        run("started", "1", "a", 1000, base="process", taken=1000 * MS),
+        run("finished", "1", "a", 1500, base="process", outcome="completed"),
+        run("started", "1", "b", 6000, taken=900 * MS),
+        run("lost", "1", "b", 6000, reason="take unconfirmed"),
+    ]
+    verdict = check(records)
+    assert not verdict.reruns
+    assert verdict.undone_completions == 0
+
+
+def hold(holder: str, start_ms: int, end_ms: int, target: str = "bullmq") -> Any:
+    return {
+        "kind": "hold",
+        "target": target,
+        "holder": holder,
+        "start": start_ms * MS,
+        "end": end_ms * MS,
+        "t": end_ms * MS,
+    }
+
+
+def test_a_run_behind_another_that_held_the_loop_is_not_in_hand() -> None:
+    # Run a (bullmq) was told at the resume; run c of the same worker held the loop until 3000.
+    records = [
+        CONFIG,
+        *job("1"),
+        fault("stop", "bullmq", 100, 2100),
+        run("started", "1", "a", 0, base="bullmq"),
+        run("started", "1", "b", 2600, base="process"),
+        run("lost", "1", "a", 3050, base="bullmq", reason="unconfirmed"),
+        run("finished", "1", "b", 3500, base="process", outcome="completed"),
+    ]
+    assert len(check(records).overlaps) == 1
+    assert check([*records, hold("c", 1400, 3000)]).ok
+    # The run that held the loop itself, or the other run of the job, is not excused.
+    assert len(check([*records, hold("a", 1400, 3000)]).overlaps) == 1
+    assert len(check([*records, hold("c", 1400, 3000, target="thread")]).overlaps) == 1
+
+
+def test_a_fault_of_the_replica_explains_only_unconfirmed_losses() -> None:
+    records = [
+        CONFIG,
+        *job("1"),
+        fault("replica-cut", "redis", 1000, 3000, synced=1000 * MS),
+        run("started", "1", "a", 0),
+        run("lost", "1", "a", 3500, reason="expired"),
+        run("started", "1", "b", 6000, base="bullmq"),
+        run("finished", "1", "b", 6500, base="bullmq", outcome="completed"),
+    ]
+    assert len(check(records).unexplained_losses) == 1
+    failover = [fault("failover", "redis", 1000, 3000, synced=1000 * MS), *records[3:]]
+    assert check([CONFIG, *job("1"), *failover]).ok
+
+
+def test_a_run_told_before_it_started_holds_the_job_for_no_time() -> None:
+    # Its take went to the old primary in a failover; the new one gave the job to run a.
+    records = [
+        CONFIG,
+        *job("1"),
+        fault("failover", "redis", 1000, 4000, synced=1000 * MS),
+        run("started", "1", "a", 2000, base="bullmq", taken=2000 * MS),
+        run("started", "1", "b", 2100, taken=1900 * MS),
+        run("lost", "1", "b", 2100, reason="take: stolen"),
+        run("finished", "1", "a", 2500, base="bullmq", outcome="completed"),
+    ]
+    assert check(records).ok

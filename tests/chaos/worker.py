@@ -16,6 +16,13 @@ Each run takes a fence once started, and writes its result to both stores of
 ``taken``: the job's ``processedOn``, when its fetch was sent) / ``lost`` /
 ``finished`` and each write goes to the worker's history file.
 
+In a replicated run (a Sentinel URL and ``replica_wait_ms``), the replica
+confirms each renewal, fence and guarded write (``replicas=``), and each take:
+the ``bullmq`` worker's through the integration, the others' by a fence taken
+before the run starts (replication keeps the order of writes, so a confirmed
+fence vouches for the take before it). A run whose take, fence or guarded
+write is unconfirmed gives the job up, as if told its lock was lost.
+
 SIGUSR1 holds the GIL in C code (a backtracking ``re`` match) for the
 seconds written in ``CONTROL/BASE.gil``, and records that fault; the worker
 stops once ``CONTROL/BASE.stop`` exists and its jobs are done.
@@ -42,14 +49,26 @@ from typing import TYPE_CHECKING, Any
 import pykka
 import redis
 import redis.asyncio
+import redis.asyncio.sentinel
 from bullmq import Worker
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import actors
-from actors import LockLost, QueueKeys, lease, start_link, stop, track_job, untrack_job
+from actors import (
+    LockLost,
+    NotReplicatedError,
+    QueueKeys,
+    Replicas,
+    lease,
+    start_link,
+    stop,
+    track_job,
+    untrack_job,
+)
 from actors.bullmq import use_actor_lock_manager
 from actors.bullmq.runs import monotonic_from_wall
+from actors.connection import client_for_url, parse_sentinel_url
 from tests.bullmq.burn import backtrack, size_for
 from tests.chaos.history import History, now
 from tests.chaos.jobs import MAX_STEP_MS, busy
@@ -61,6 +80,8 @@ if TYPE_CHECKING:
     from actors import ManagerRef
 
 PREFIX = "bull"
+#: How long the event loop may run one run's code before :func:`watch_loop` records a hold, in s.
+HELD_S = 0.25
 
 
 def created(job: Any) -> int:
@@ -99,12 +120,26 @@ class Context:
         self.sent: dict[tuple[str, str], int] = {}
         self.guard = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
+        #: When the event loop last ran its heartbeat (monotonic s): see :func:`watch_loop`.
+        self.beat = time.monotonic()
         self.keys = QueueKeys(str(settings["queue"]), prefix=PREFIX)
         self.store = Path(settings["store"])
-        #: Through the worker's proxy, bounded: a partition fails a call, never hangs it.
-        self.client = redis.Redis.from_url(
-            settings["url"], socket_timeout=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
-        )
+        wait_ms = int(settings.get("replica_wait_ms", 0))
+        #: What confirms each renewal, take and write of a replicated run; ``None`` otherwise.
+        self.replicas = Replicas(1, timeout=wait_ms) if wait_ms else None
+        self.sentinel = parse_sentinel_url(str(settings["url"]))
+        self.client: redis.Redis
+        if self.sentinel is not None:
+            # Bounded as the proxied one is; it asks the sentinels at each connect.
+            self.client = client_for_url(str(settings["url"]), timeout=1)
+        else:
+            #: Through the worker's proxy, bounded: a partition fails a call, never hangs it.
+            self.client = redis.Redis.from_url(
+                settings["url"],
+                socket_timeout=1,
+                socket_connect_timeout=1,
+                retry=Retry(NoBackoff(), 0),
+            )
 
     def fields(self, job: Any, token: str) -> dict[str, Any]:
         """What every record of the run ``token`` of ``job`` names."""
@@ -117,20 +152,29 @@ class Context:
             "created": created(job),
         }
 
-    def write(self, job: Any, token: str, fence: int | None) -> bool:
-        """Write the run's result to both stores; ``False`` if one refused it (lock lost).
+    def write(self, job: Any, token: str, fence: int | None) -> str | None:
+        """Write the run's result to both stores; why not, if one refused it (lock lost).
 
         Without a fence (the server could not be reached) only the guarded
-        write is tried; a fault that fails a write skips it.
+        write is tried; a fault that fails a write skips it. A guarded write
+        the replica did not confirm refuses the result: a failover may undo it.
         """
         run, job_id = self.fields(job, token), str(job.id)
-        with contextlib.suppress(redis.RedisError):
-            if not write_guarded(self.client, self.keys, self.history, run, job_id, token):
-                return False
+        try:
+            if not write_guarded(
+                self.client, self.keys, self.history, run, job_id, token, replicas=self.replicas
+            ):
+                return "write refused"
+        except NotReplicatedError:
+            return "write unconfirmed"
+        except redis.RedisError:
+            pass
         row = f"{job_id}:{created(job)}"
-        return fence is None or write_fenced(
+        if fence is None or write_fenced(
             self.store, self.history, run, job_id, token, fence, row=row
-        )
+        ):
+            return None
+        return "write refused"
 
     def record(
         self, event: str, job: Any, token: str, *, t: int | None = None, **more: Any
@@ -173,9 +217,20 @@ class Context:
     def stopping(self) -> bool:
         return (self.control / f"{self.base}.stop").exists()
 
+    def connection(self, **options: Any) -> Any:
+        """What bullmq connects with: the URL, or a client of the primary the sentinels name."""
+        if self.sentinel is None:
+            return self.settings["url"]
+        sentinels = redis.asyncio.sentinel.Sentinel(
+            self.sentinel.sentinels,
+            sentinel_kwargs={"socket_timeout": 0.5, "socket_connect_timeout": 0.5},
+        )
+        return sentinels.master_for(self.sentinel.service, socket_connect_timeout=1, **options)
+
     def options(self, **more: Any) -> dict[str, Any]:
         return {
-            "connection": self.settings["url"],
+            # Replies wait for at most a blocking fetch (bullmq's 5 s drain delay).
+            "connection": self.connection(decode_responses=True, socket_timeout=15),
             "prefix": PREFIX,
             "autorun": False,
             "lockDuration": self.lock_ms,
@@ -198,13 +253,18 @@ class Told:
 
     A run is in hand until it is told of a loss; the actor reads the news
     between its steps (a step may be a call to a server that does not answer).
+    Once the run's move is sent, the move's answer ends the run instead: the
+    move deletes the lock itself (a renewal may see it gone before the run is
+    untracked), and is refused if the lock is not the run's.
     """
 
     def __init__(self, ctx: Context, job: Any, token: str, ref: pykka.ActorRef[Any]) -> None:
         self.ctx, self.job, self.token, self.ref = ctx, job, token, ref
+        #: Set by the actor before it sends the move.
+        self.moving = False
 
     def tell(self, message: Any) -> None:
-        if isinstance(message, LockLost):
+        if isinstance(message, LockLost) and not self.moving:
             self.ctx.record("lost", self.job, self.token, reason=message.reason)
         with contextlib.suppress(pykka.ActorDeadError):
             self.ref.tell(message)
@@ -231,14 +291,20 @@ class JobRun(pykka.ThreadingActor):
     """
 
     def __init__(
-        self, ctx: Context, manager: ManagerRef, job: Any, token: str, taken_ms: int
+        self,
+        ctx: Context,
+        manager: ManagerRef,
+        job: Any,
+        token: str,
+        taken_ms: int,
+        fence: int | None = None,
     ) -> None:
         super().__init__()
         self.ctx, self.manager, self.job, self.token = ctx, manager, job, token
         self.taken_ms = taken_ms
         self.left = int(job.data["steps"])
         self.over = self.moving = False
-        self.fence: int | None = None
+        self.fence = fence
         self.told = Told(ctx, job, token, self.actor_ref)
 
     def on_start(self) -> None:
@@ -252,13 +318,17 @@ class JobRun(pykka.ThreadingActor):
         if self.fence is None:
             try:
                 self.fence = actors.fence(
-                    self.ctx.client, self.ctx.keys, str(self.job.id), self.token
+                    self.ctx.client,
+                    self.ctx.keys,
+                    str(self.job.id),
+                    self.token,
+                    replicas=self.ctx.replicas,
                 )
             except (LockLost, LookupError) as lost:
                 self.ctx.record("lost", self.job, self.token, reason=f"fence: {gone(lost)}")
                 self.end()
                 return False
-            except redis.RedisError:
+            except redis.RedisError:  # unconfirmed too: that number is not used
                 pass  # a fault in the way: the next step tries again
         return True
 
@@ -266,8 +336,8 @@ class JobRun(pykka.ThreadingActor):
         if self.over:
             return
         if isinstance(message, LockLost):
-            self.ctx.record("lost", self.job, self.token, reason=message.reason)
-            if not self.moving:
+            if not self.moving:  # else the move's answer ends the run (see Told)
+                self.ctx.record("lost", self.job, self.token, reason=message.reason)
                 self.end()
         elif isinstance(message, Moved):
             if message.error is not None:
@@ -277,7 +347,9 @@ class JobRun(pykka.ThreadingActor):
                 )
             else:
                 outcome = "failed" if message.failing else "completed"
-                self.ctx.record("finished", self.job, self.token, t=message.sent, outcome=outcome)
+                self.ctx.record(
+                    "finished", self.job, self.token, t=message.sent, seen=now(), outcome=outcome
+                )
             self.end()
         elif self.moving or not self.take_fence():
             return
@@ -292,8 +364,9 @@ class JobRun(pykka.ThreadingActor):
     def finish(self) -> None:
         job, token, ctx = self.job, self.token, self.ctx
         failing = int(job.attemptsMade) < int(job.data["fail_first"])
-        if not failing and not ctx.write(job, token, self.fence):
-            ctx.record("lost", job, token, reason="write refused")
+        refused = None if failing else ctx.write(job, token, self.fence)
+        if refused is not None:
+            ctx.record("lost", job, token, reason=refused)
             self.end()
             return
         move = (
@@ -302,7 +375,7 @@ class JobRun(pykka.ThreadingActor):
             else job.moveToCompleted(token, token, False)
         )
         assert ctx.loop is not None
-        self.moving = True
+        self.moving = self.told.moving = True
         sent = now()
         future = asyncio.run_coroutine_threadsafe(move, ctx.loop)
         ref = self.actor_ref
@@ -329,7 +402,14 @@ class JobRun(pykka.ThreadingActor):
             self.ctx.inflight.discard(self.token)
 
 
-def run_leased(ctx: Context, manager: ManagerRef, job: Any, token: str, taken_ms: int) -> None:
+def run_leased(
+    ctx: Context,
+    manager: ManagerRef,
+    job: Any,
+    token: str,
+    taken_ms: int,
+    fence: int | None = None,
+) -> None:
     """One run of one job on a thread of its own, holding a lease and checking it between steps.
 
     Its last act is sending bullmq's move, as :class:`JobRun`'s.
@@ -339,7 +419,6 @@ def run_leased(ctx: Context, manager: ManagerRef, job: Any, token: str, taken_ms
     try:
         with lease(manager, job_id, token, ts=taken_ms) as held:
             ctx.record("started", job, token)
-            fence: int | None = None
             for _ in range(steps):
                 held.check()
                 if fence is None:
@@ -348,8 +427,9 @@ def run_leased(ctx: Context, manager: ManagerRef, job: Any, token: str, taken_ms
                 busy(seconds) if job.data["busy"] else time.sleep(seconds)
             held.check()
             failing = int(job.attemptsMade) < int(job.data["fail_first"])
-            if not failing and not ctx.write(job, token, fence):
-                ctx.record("lost", job, token, reason="write refused")
+            refused = None if failing else ctx.write(job, token, fence)
+            if refused is not None:
+                ctx.record("lost", job, token, reason=refused)
                 return
             move = (
                 job.moveToFailed(Designed(token), token, False)
@@ -365,7 +445,7 @@ def run_leased(ctx: Context, manager: ManagerRef, job: Any, token: str, taken_ms
                 ctx.record("lost", job, token, t=sent, seen=now(), reason=reason)
             else:
                 outcome = "failed" if failing else "completed"
-                ctx.record("finished", job, token, t=sent, outcome=outcome)
+                ctx.record("finished", job, token, t=sent, seen=now(), outcome=outcome)
     except (LockLost, LookupError) as lost:
         ctx.record("lost", job, token, reason=gone(lost))
     finally:
@@ -382,6 +462,7 @@ async def run_actor_worker(ctx: Context, isolation: str) -> None:
         lock_duration=ctx.lock_ms,
         safety_margin=int(settings["safety_margin_ms"]),
         isolation=isolation,
+        replicas=ctx.replicas,
     )
     worker = Worker(settings["queue"], None, ctx.options())
     concurrency = int(settings["concurrency"])
@@ -415,25 +496,72 @@ async def run_actor_worker(ctx: Context, isolation: str) -> None:
         # its ``processedOn`` is the take's send, on the wall clock.
         taken_ms = monotonic_from_wall(int(job.processedOn)) if job.processedOn else sent_ms
         ctx.history.write(kind="note", what="fetched", job=str(job.id), token=token, t=now())
+        fence: int | None = None
+        if ctx.replicas is not None:
+            confirmed = await asyncio.to_thread(confirm_take, ctx, job, token)
+            if isinstance(confirmed, str):
+                told_before_it_started(ctx, job, token, confirmed)
+                continue  # the lock is left to expire
+            fence = confirmed
         with ctx.guard:
             ctx.inflight.add(token)
         if job.data.get("lease"):
-            args = (ctx, manager, job, token, taken_ms)
+            args = (ctx, manager, job, token, taken_ms, fence)
             threading.Thread(target=run_leased, args=args, name=f"lease-{job.id}").start()
         else:
-            JobRun.start(ctx, manager, job, token, taken_ms)
+            JobRun.start(ctx, manager, job, token, taken_ms, fence)
     await drain(ctx)
     checker.cancel()
     stop(manager)
+
+
+def told_before_it_started(ctx: Context, job: Any, token: str, reason: str) -> None:
+    """Record a run told of its loss before it ran anything: it held the job for no time.
+
+    An unconfirmed take, or a take whose lock had gone by the time the run
+    could start, as the integration's runs are told (``signal.aborted`` at
+    the first look).
+    """
+    at = now()
+    ctx.record("started", job, token, t=at)
+    ctx.record("lost", job, token, t=at, reason=reason)
+
+
+def confirm_take(ctx: Context, job: Any, token: str) -> int | str:
+    """Confirm a take by hand: the run's fence, once the replica confirmed it; else why not.
+
+    A take the replica did not confirm may be undone by a failover, which
+    would hand the job to another worker at once. The fence is written after
+    the take on the same primary, so its confirmation covers the take. A fault
+    that fails the call is tried again for a quarter of the lock's TTL.
+    """
+    deadline = time.monotonic() + ctx.lock_ms / 4000
+    while True:
+        try:
+            return actors.fence(ctx.client, ctx.keys, str(job.id), token, replicas=ctx.replicas)
+        except NotReplicatedError as error:
+            return f"take unconfirmed: {error}"[:160]
+        except (LockLost, LookupError) as lost:
+            return f"take: {gone(lost)}"
+        except redis.RedisError as error:
+            if time.monotonic() > deadline:
+                return f"take unconfirmed: {type(error).__name__}"
+            time.sleep(0.05)
 
 
 async def run_bullmq_worker(ctx: Context) -> None:
     """A running bullmq-py worker whose locks ``use_actor_lock_manager`` renews."""
     settings = ctx.settings
 
-    aclient = redis.asyncio.Redis.from_url(
-        settings["url"], socket_timeout=1, socket_connect_timeout=1
+    aclient = (
+        ctx.connection(socket_timeout=1)
+        if ctx.sentinel is not None
+        else redis.asyncio.Redis.from_url(
+            settings["url"], socket_timeout=1, socket_connect_timeout=1
+        )
     )
+    #: A fence waits for a step and, in a replicated run, the replica's confirmation.
+    fence_s = (MAX_STEP_MS + (ctx.replicas.wait_ms if ctx.replicas else 0)) / 1000
 
     def read_signal(job: Any, token: str, abort: Any) -> None:
         """Give the run up if its signal reads aborted (the lock is, or may be, lost)."""
@@ -441,7 +569,29 @@ async def run_bullmq_worker(ctx: Context) -> None:
             ctx.record("lost", job, token, reason=str(abort.reason))
             raise Abandoned(token)
 
+    async def write(job: Any, token: str, run: dict[str, Any], fence: int | None) -> str | None:
+        """:meth:`Context.write` through the asyncio client."""
+        job_id = str(job.id)
+        try:
+            if not await write_guarded_async(
+                aclient, ctx.keys, ctx.history, run, job_id, token, replicas=ctx.replicas
+            ):
+                return "write refused"
+        except NotReplicatedError:
+            return "write unconfirmed"
+        except redis.RedisError:
+            pass  # a fault in the way: the write is skipped
+        row = f"{job_id}:{created(job)}"
+        if fence is not None and not write_fenced(
+            ctx.store, ctx.history, run, job_id, token, fence, row=row
+        ):
+            return "write refused"
+        return None
+
     async def process(job: Any, token: str, abort: Any) -> str:
+        if abort.aborted:
+            told_before_it_started(ctx, job, token, str(abort.reason))
+            raise Abandoned(token)
         ctx.record("started", job, token)
         with ctx.guard:
             ctx.inflight.add(token)
@@ -454,13 +604,14 @@ async def run_bullmq_worker(ctx: Context) -> None:
                         # Bounded as a step is: a fault can hold the call for seconds,
                         # and the job reads its signal between steps.
                         fence = await asyncio.wait_for(
-                            actors.fence(aclient, ctx.keys, job_id, token), MAX_STEP_MS / 1000
+                            actors.fence(aclient, ctx.keys, job_id, token, replicas=ctx.replicas),
+                            fence_s,
                         )
                     except (LockLost, LookupError) as lost:
                         ctx.record("lost", job, token, reason=f"fence: {gone(lost)}")
                         raise Abandoned(token) from None
                     except (redis.RedisError, asyncio.TimeoutError):
-                        pass  # a fault in the way: the next step tries again
+                        pass  # a fault in the way, or unconfirmed: the next step tries again
                 seconds = int(job.data["step_ms"]) / 1000
                 if job.data["busy"]:
                     busy(seconds)  # blocks the event loop
@@ -468,19 +619,10 @@ async def run_bullmq_worker(ctx: Context) -> None:
                     await asyncio.sleep(seconds)
             read_signal(job, token, abort)
             failing = int(job.attemptsMade) < int(job.data["fail_first"])
-            if not failing:
-                with contextlib.suppress(redis.RedisError):
-                    if not await write_guarded_async(
-                        aclient, ctx.keys, ctx.history, run, job_id, token
-                    ):
-                        ctx.record("lost", job, token, reason="write refused")
-                        raise Abandoned(token)
-                row = f"{job_id}:{created(job)}"
-                if fence is not None and not write_fenced(
-                    ctx.store, ctx.history, run, job_id, token, fence, row=row
-                ):
-                    ctx.record("lost", job, token, reason="write refused")
-                    raise Abandoned(token)
+            refused = None if failing else await write(job, token, run, fence)
+            if refused is not None:
+                ctx.record("lost", job, token, reason=refused)
+                raise Abandoned(token)
             with ctx.guard:
                 ctx.sent[(job_id, token)] = now()
             if failing:
@@ -493,7 +635,11 @@ async def run_bullmq_worker(ctx: Context) -> None:
     worker = Worker(
         settings["queue"], process, ctx.options(concurrency=int(settings["concurrency"]))
     )
-    use_actor_lock_manager(worker)
+    if ctx.sentinel is not None:
+        # The worker's client is Sentinel-managed: the manager renews through the URL.
+        use_actor_lock_manager(worker, connection=settings["url"], replicas=ctx.replicas)
+    else:
+        use_actor_lock_manager(worker)
 
     def sent(job: Any, token: str) -> int | None:
         # The processor's last act: bullmq sends the move right after it returns.
@@ -502,12 +648,12 @@ async def run_bullmq_worker(ctx: Context) -> None:
 
     def completed(job: Any, result: Any, *_: Any) -> None:
         token = str(result)
-        ctx.record("finished", job, token, t=sent(job, token), outcome="completed")
+        ctx.record("finished", job, token, t=sent(job, token), seen=now(), outcome="completed")
 
     def failed(job: Any, error: Any, *_: Any) -> None:
         if isinstance(error, Designed):
             token = str(error)
-            ctx.record("finished", job, token, t=sent(job, token), outcome="failed")
+            ctx.record("finished", job, token, t=sent(job, token), seen=now(), outcome="failed")
 
     def errored(error: Any, job: Any = None, *_: Any) -> None:
         # bullmq could not move a job it ran: the lock was not its own any more.
@@ -550,6 +696,49 @@ def watch(ctx: Context) -> None:
             return
 
 
+def watch_loop(ctx: Context, loop_thread: int) -> None:
+    """Record each time one run held the event loop a while (a ``"hold"`` record).
+
+    A busy step blocks the loop, and a busy job takes its steps one after the
+    other without yielding: meanwhile no other run of the worker can read its
+    signal. The record names the run that held the loop (``holder``).
+    """
+    since: float | None = None
+    holder: str | None = None
+    while True:
+        time.sleep(0.02)
+        at = time.monotonic()
+        if at - ctx.beat < HELD_S:
+            if since is not None and holder is not None:
+                end = now() - int((at - ctx.beat) * 1e9)
+                start = end - int((ctx.beat - since) * 1e9)
+                ctx.history.write(
+                    kind="hold", target=ctx.base, holder=holder, start=start, end=end, t=end
+                )
+            since = holder = None
+        elif since is None:
+            since, holder = ctx.beat, running(loop_thread)
+
+
+def running(thread: int) -> str | None:
+    """The token of the run whose processor the thread is in, if any."""
+    frame = sys._current_frames().get(thread)
+    while frame is not None:
+        # The bullmq worker's processor, ``process`` in :func:`run_bullmq_worker`.
+        if frame.f_code.co_name == "process" and frame.f_globals is globals():
+            token = frame.f_locals.get("token")
+            return str(token) if token is not None else None
+        frame = frame.f_back
+    return None
+
+
+async def beat(ctx: Context) -> None:
+    """Show :func:`watch_loop` the loop is running."""
+    while True:
+        ctx.beat = time.monotonic()
+        await asyncio.sleep(0.05)
+
+
 def main(settings: dict[str, Any]) -> None:
     """Run one worker until told to stop, then leave at once."""
     # The manager's warnings and errors, and any crash, go to the worker's log.
@@ -562,10 +751,17 @@ def main(settings: dict[str, Any]) -> None:
 
     async def run() -> None:
         ctx.loop = asyncio.get_running_loop()
-        if settings["kind"] == "bullmq":
-            await run_bullmq_worker(ctx)
-        else:
-            await run_actor_worker(ctx, str(settings["kind"]))
+        beating = asyncio.ensure_future(beat(ctx))
+        if settings["kind"] == "bullmq":  # the one kind whose runs share the loop
+            args = (ctx, threading.get_ident())
+            threading.Thread(target=watch_loop, args=args, name="loop-watch", daemon=True).start()
+        try:
+            if settings["kind"] == "bullmq":
+                await run_bullmq_worker(ctx)
+            else:
+                await run_actor_worker(ctx, str(settings["kind"]))
+        finally:
+            beating.cancel()
 
     with contextlib.suppress(asyncio.CancelledError):
         asyncio.run(run())

@@ -341,6 +341,37 @@ def test_a_fence_is_handed_out_once_the_replica_confirmed_it(
     assert (raised.value.acked, raised.value.wanted, raised.value.timeout) == (0, 1, 50)
 
 
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_leases_fence_waits_for_its_managers_replicas(
+    pair: ReplicatedPair, primary: redis.Redis, isolation: str
+) -> None:
+    # Catches: a lease's fence taken on the primary's word alone, beside a
+    # manager whose renewals the replicas confirm: a failover could hand the
+    # next holder a number no higher than this one.
+    token = take(primary)
+    primary.hset(KEYS.key_prefix + "job", "name", "x")
+    confirm = Replicas(1, timeout=100)
+    manager = actors.start_link(
+        connection=pair.primary.url,
+        keys=KEYS,
+        lock_duration=LOCK_MS,
+        replicas=confirm,
+        isolation=isolation,
+    )
+    try:
+        assert manager.replicas == confirm
+        with lease(manager, "job", token) as held:
+            pair.detach()
+            with pytest.raises(NotReplicatedError, match=r"0 of 1 replica\(s\) confirmed"):
+                held.fence  # noqa: B018
+            pair.attach()
+            number = held.fence
+            with pair.replica_client() as replica:
+                assert int(replica.hget(KEYS.key_prefix + "job", "emq:fence") or 0) == number
+    finally:
+        actors.stop(manager)
+
+
 def test_a_lost_lock_is_said_before_the_replicas(primary: redis.Redis) -> None:
     take(primary)
     primary.hset(KEYS.key_prefix + "job", "name", "x")
