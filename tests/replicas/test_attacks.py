@@ -32,12 +32,6 @@ class Count(enum.IntEnum):
     HUNDRED_MS = 100
 
 
-@pytest.fixture(scope="module")
-def pair() -> Iterator[ReplicatedPair]:
-    with ReplicatedPair() as replicated:
-        yield replicated
-
-
 @pytest.fixture
 def primary(pair: ReplicatedPair) -> Iterator[redis.Redis]:
     client = pair.client()

@@ -27,12 +27,6 @@ SETTLE_S = 10.0
 ISOLATIONS = ["thread", "process"]
 
 
-@pytest.fixture(scope="module")
-def pair() -> Iterator[ReplicatedPair]:
-    with ReplicatedPair() as replicated:
-        yield replicated
-
-
 @pytest.fixture
 def bench(pair: ReplicatedPair) -> Iterator[Bench]:
     pair.attach()

@@ -25,12 +25,6 @@ KEYS = QueueKeys("held")
 CONFIRM = Replicas(1, timeout=100)
 
 
-@pytest.fixture(scope="module")
-def pair() -> Iterator[ReplicatedPair]:
-    with ReplicatedPair() as replicated:
-        yield replicated
-
-
 @pytest.fixture
 def primary(pair: ReplicatedPair) -> Iterator[redis.Redis]:
     client = pair.client()

@@ -46,12 +46,6 @@ def now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-@pytest.fixture(scope="module")
-def pair() -> Iterator[ReplicatedPair]:
-    with ReplicatedPair() as replicated:
-        yield replicated
-
-
 @pytest.fixture
 def primary(pair: ReplicatedPair) -> Iterator[redis.Redis]:
     """A client of the primary, the replica in sync with it (again) and both flushed."""

@@ -28,12 +28,6 @@ SETTLE_S = 15.0
 ISOLATIONS = ["thread", "process"]
 
 
-@pytest.fixture(scope="module")
-def pair() -> Iterator[ReplicatedPair]:
-    with ReplicatedPair() as replicated:
-        yield replicated
-
-
 @pytest.fixture
 def bench(pair: ReplicatedPair) -> Iterator[Bench]:
     pair.replica.resume()
@@ -73,6 +67,22 @@ class Runs:
             return [s for s in self.seen if s[2]]
 
 
+def replicated_worker(
+    bench: Bench,
+    runs: Runs,
+    isolation: str,
+    *,
+    lock_ms: int = LOCK_MS,
+    concurrency: int = 1,
+    replicas: int | None = 1,
+) -> Any:
+    """Worker ``A`` of ours on ``bench``, its takes and renewals confirmed by ``replicas``."""
+    options = {"lockDuration": lock_ms, "drainDelay": 1, "concurrency": concurrency}
+    return bench.start_worker(
+        "A", runs, options, actor=True, isolation=isolation, replicas=replicas
+    )
+
+
 def completed(worker: Any, count: int) -> Callable[[], bool]:
     """Whether ``count`` jobs completed on ``worker``, as a predicate to wait on."""
     return lambda: len(worker.events.of("completed")) == count
@@ -93,14 +103,7 @@ def test_script_flush_between_takes_keeps_replies_in_step(
     pair: ReplicatedPair, bench: Bench, isolation: str
 ) -> None:
     runs = Runs()
-    worker = bench.start_worker(
-        "A",
-        runs,
-        {"lockDuration": LOCK_MS, "drainDelay": 1},
-        actor=True,
-        isolation=isolation,
-        replicas=1,
-    )
+    worker = replicated_worker(bench, runs, isolation)
     ids = []
     for n in range(6):
         with pair.client() as client:
@@ -117,14 +120,7 @@ def test_script_flush_while_replica_detached_then_attached(
     pair: ReplicatedPair, bench: Bench, isolation: str
 ) -> None:
     runs = Runs()
-    worker = bench.start_worker(
-        "A",
-        runs,
-        {"lockDuration": LOCK_MS, "drainDelay": 1},
-        actor=True,
-        isolation=isolation,
-        replicas=1,
-    )
+    worker = replicated_worker(bench, runs, isolation)
     first = bench.add_job()
     wait_until(lambda: len(worker.events.of("completed")) == 1, SETTLE_S, "first")
     pair.detach()
@@ -147,14 +143,7 @@ def test_wait_denied_by_acl_after_start_then_allowed(
     pair: ReplicatedPair, bench: Bench, isolation: str
 ) -> None:
     runs = Runs()
-    worker = bench.start_worker(
-        "A",
-        runs,
-        {"lockDuration": LOCK_MS, "drainDelay": 1},
-        actor=True,
-        isolation=isolation,
-        replicas=1,
-    )
+    worker = replicated_worker(bench, runs, isolation)
     first = bench.add_job()
     wait_until(lambda: len(worker.events.of("completed")) == 1, SETTLE_S, "first")
     with pair.client() as client:
@@ -176,14 +165,7 @@ def test_empty_fetches_with_replica_detached_do_not_stall(
     pair: ReplicatedPair, bench: Bench, isolation: str
 ) -> None:
     runs = Runs()
-    worker = bench.start_worker(
-        "A",
-        runs,
-        {"lockDuration": LOCK_MS, "drainDelay": 1, "concurrency": 2},
-        actor=True,
-        isolation=isolation,
-        replicas=1,
-    )
+    worker = replicated_worker(bench, runs, isolation, concurrency=2)
     pair.detach()
     time.sleep(2.5)  # idle: fetches find nothing, their waits fall short
     pair.attach()
@@ -199,14 +181,7 @@ def test_flush_and_flap_at_concurrency_8(
     pair: ReplicatedPair, bench: Bench, isolation: str
 ) -> None:
     runs = Runs(hold_s=0.15)
-    worker = bench.start_worker(
-        "A",
-        runs,
-        {"lockDuration": 1000, "drainDelay": 1, "concurrency": 8},
-        actor=True,
-        isolation=isolation,
-        replicas=1,
-    )
+    worker = replicated_worker(bench, runs, isolation, lock_ms=1000, concurrency=8)
     total = 150
     stop = threading.Event()
 
@@ -264,14 +239,7 @@ def test_takes_with_a_frozen_replica_keep_up_with_concurrency(
     pair: ReplicatedPair, bench: Bench, isolation: str
 ) -> None:
     runs = Runs(hold_s=0.0)
-    worker = bench.start_worker(
-        "A",
-        runs,
-        {"lockDuration": SLOW_LOCK_MS, "drainDelay": 1, "concurrency": 8},
-        actor=True,
-        isolation=isolation,
-        replicas=1,
-    )
+    worker = replicated_worker(bench, runs, isolation, lock_ms=SLOW_LOCK_MS, concurrency=8)
     manager: Any = worker.lock_manager
     wait_ms = manager.replicas.wait_ms
     total = 24
@@ -297,14 +265,7 @@ def test_close_while_take_waits_on_a_frozen_replica(
     pair: ReplicatedPair, bench: Bench, isolation: str
 ) -> None:
     runs = Runs()
-    worker = bench.start_worker(
-        "A",
-        runs,
-        {"lockDuration": SLOW_LOCK_MS, "drainDelay": 1, "concurrency": 4},
-        actor=True,
-        isolation=isolation,
-        replicas=1,
-    )
+    worker = replicated_worker(bench, runs, isolation, lock_ms=SLOW_LOCK_MS, concurrency=4)
     bench.add_job()
     wait_until(runs.ids, 10, "first run")
     pair.replica.pause()
@@ -340,14 +301,7 @@ def test_wait_is_sent_only_with_replicas(
     with pair.client() as client:
         client.config_resetstat()
     runs = Runs()
-    worker = bench.start_worker(
-        "A",
-        runs,
-        {"lockDuration": LOCK_MS, "drainDelay": 1},
-        actor=True,
-        isolation=isolation,
-        replicas=replicas,
-    )
+    worker = replicated_worker(bench, runs, isolation, replicas=replicas)
     ids = [bench.add_job() for _ in range(5)]
     wait_until(lambda: len(worker.events.of("completed")) == 5, 15, "completion")
     assert sorted(runs.ids()) == sorted(ids)
@@ -364,14 +318,7 @@ def test_primary_made_a_replica_then_restored_keeps_takes_in_step(
     pair: ReplicatedPair, bench: Bench, isolation: str
 ) -> None:
     runs = Runs()
-    worker = bench.start_worker(
-        "A",
-        runs,
-        {"lockDuration": LOCK_MS, "drainDelay": 1, "concurrency": 2},
-        actor=True,
-        isolation=isolation,
-        replicas=1,
-    )
+    worker = replicated_worker(bench, runs, isolation, concurrency=2)
     first = bench.add_job()
     wait_until(lambda: len(worker.events.of("completed")) == 1, 15, "first")
     with pair.client() as client:
