@@ -193,6 +193,8 @@ def test_the_job_learns_each_loss_once_within_its_bound(
     if reason != "manager_stopped":
         stats = actors.get_stats(setup.manager)
         assert (stats.lost, stats.tracked) == (1, 0)
+        # The callback runs on the manager's delivery thread: perhaps after the stats.
+        setup.recorder.wait(setup.recorder.lost, BUDGET_S, "the manager's on_lost report")
         assert [(item, item.reason) for item in setup.recorder.lost()] == [(JOB, reason)]
 
 
