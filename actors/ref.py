@@ -221,8 +221,11 @@ class Outbox:
         #: The batch whose Posted waits in the mailbox, unread.
         self._batch: Batch | None = None
 
-    def put(self, message: TrackJob | UntrackJob) -> Reply:
+    def put(self, message: TrackJob | UntrackJob, *, wake: bool = False) -> Reply:
         """Add a track or an untrack; return where the manager's answer will be.
+
+        With ``wake`` the manager reads it now, not at its next tick: a track
+        that comes late, whose first renewal may be due.
 
         Raises:
             TypeError: ``message`` is neither a ``TrackJob`` nor an ``UntrackJob``.
@@ -241,7 +244,7 @@ class Outbox:
                 # Nothing was put in the mailbox since: the message keeps its place.
                 items = batch.items
                 items.append((message, reply))
-                if len(items) % OUTBOX_WAKE == 0:
+                if wake or len(items) % OUTBOX_WAKE == 0:
                     # Read in parts: one long read would hold the interpreter from the worker.
                     mailbox.wake()
                 return reply
@@ -250,7 +253,7 @@ class Outbox:
             try:
                 # Under the lock: no other put joins a batch whose Posted may yet be refused.
                 posted = Envelope(Posted(self, batch), reply_to=None)
-                batch.number = mailbox.post(posted, wake=False)
+                batch.number = mailbox.post(posted, wake=wake)
             except pykka.ActorDeadError:
                 raise ManagerStopped("the LockManager is stopped") from None
             self._batch = batch

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_BATCH",
+    "FIND_SCRIPT",
     "MAX_REPLICAS",
     "RAW",
     "RELEASE_SCRIPT",
@@ -62,6 +63,7 @@ __all__ = [
     "Replicas",
     "classify_failed",
     "extend_locks",
+    "find_taken",
     "lock_holds",
     "release_locks",
     "renew_batch",
@@ -287,10 +289,10 @@ def script_source(name: str = SCRIPT_NAME) -> str:
     return (resources.files("actors") / "lua" / name).read_text(encoding="utf-8")
 
 
-@lru_cache(maxsize=1)
-def script_sha() -> str:
-    """Return the SHA1 by which the server knows the script."""
-    return hashlib.sha1(script_source().encode("utf-8")).hexdigest()
+@lru_cache(maxsize=4)
+def script_sha(name: str = SCRIPT_NAME) -> str:
+    """Return the SHA1 by which the server knows a script of the package."""
+    return hashlib.sha1(script_source(name).encode("utf-8")).hexdigest()
 
 
 def _as_ids(reply: Any) -> list[str]:
@@ -918,3 +920,36 @@ def release_locks(conn: Any, keys: QueueKeys, locks: Iterable[tuple[str, str]]) 
     if not count:
         return 0
     return sum(1 for reply in pipe.execute(raise_on_error=False) if reply == 1)
+
+
+#: File name of the search for the jobs fetches took (see :func:`find_taken`).
+FIND_SCRIPT = "findTaken-1.lua"
+
+
+def find_taken(conn: Any, keys: QueueKeys, tokens: Sequence[str]) -> list[tuple[str, int] | None]:
+    """Return, for each token, the active job whose lock holds it and the lock's PTTL, or ``None``.
+
+    One script call (``findTaken-1.lua``) that walks the queue's active list
+    from its head. Ids are read as raw bytes whatever the client's
+    ``decode_responses``; one that is not UTF-8 counts as not found.
+
+    Raises:
+        redis.exceptions.RedisError: The server or the connection failed.
+    """
+    if not tokens:
+        return []
+    call = (1, keys.base + ":active", keys.key_prefix, *tokens)
+    try:
+        replies = conn.execute_command("EVALSHA", script_sha(FIND_SCRIPT), *call, **RAW)
+    except NoScriptError:
+        replies = conn.execute_command("EVAL", script_source(FIND_SCRIPT), *call, **RAW)
+    if not isinstance(replies, list) or len(replies) != len(tokens):
+        raise ResponseError(f"{FIND_SCRIPT} answered {replies!r:.200} for {len(tokens)} tokens")
+    found: list[tuple[str, int] | None] = []
+    for reply in replies:
+        try:
+            job_id, pttl = reply
+            found.append((job_id.decode("utf-8"), int(pttl)))
+        except (TypeError, ValueError, AttributeError):
+            found.append(None)
+    return found

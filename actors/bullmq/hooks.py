@@ -27,7 +27,7 @@ import redis.asyncio
 from actors.aio import call_in_loop, set_exception, set_result
 from actors.connection import client_for_url, client_like, client_settings, command_timeout
 from actors.process.take import Source
-from actors.scripts import untrusted_take
+from actors.scripts import find_taken, untrusted_take
 from actors.timing import Timing, monotonic_ms
 
 if TYPE_CHECKING:
@@ -67,6 +67,8 @@ class Owner(Protocol):
     fetcher: Fetcher | None
     #: The replicas each take and renewal waits for, if any.
     replicas: Replicas | None
+    #: The client the locks are renewed with (``None`` with renewal off).
+    connection: redis.Redis | redis.RedisCluster | None
 
     @property
     def keys(self) -> QueueKeys:
@@ -76,8 +78,10 @@ class Owner(Protocol):
     def taker(self) -> Callable[..., concurrent.futures.Future[Taken]] | None:
         """What runs the fetch where the locks are renewed (process mode), if anything."""
 
-    def taken(self, job_id: str, token: str, sent_ms: int, sent_wall_ms: int) -> None:
-        """A fetch took the job's lock (on the fetch thread)."""
+    def taken(
+        self, job_id: str, token: str, sent_ms: int, sent_wall_ms: int, *, late: bool = False
+    ) -> None:
+        """A fetch took the job's lock (on the thread that read its answer, or found it late)."""
 
     async def taken_by_child(
         self, job_id: str, token: str, sent_ms: int, sent_wall_ms: int
@@ -123,15 +127,23 @@ _CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
 class _Call:
     """One ``getNextJob`` call: what its fetches took, and whether one was sent."""
 
-    __slots__ = ("ended", "in_flight", "took")
+    __slots__ = ("_ended", "in_flight", "loop", "took")
 
     def __init__(self, in_flight: InFlight) -> None:
         #: (job id, token) of each job its fetches took.
         self.took: list[tuple[str, str]] = []
         #: The calls of the worker whose fetch was sent; this one joins once its own is.
         self.in_flight = in_flight
-        #: Set when the call returns.
-        self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        #: The loop the call runs on.
+        self.loop = asyncio.get_running_loop()
+        #: Set when the call returns; made only for a close that waits for it.
+        self._ended: asyncio.Future[None] | None = None
+
+    def ended(self) -> asyncio.Future[None]:
+        """A future set when the call returns."""
+        if self._ended is None:
+            self._ended = self.loop.create_future()
+        return self._ended
 
     def sent(self) -> None:
         """A fetch of this call was sent: it may take a job."""
@@ -139,7 +151,8 @@ class _Call:
 
     def end(self) -> None:
         self.in_flight.calls.discard(self)
-        self.ended.set_result(None)
+        if self._ended is not None:
+            self._ended.set_result(None)
 
 
 def sending() -> _Call | None:
@@ -171,7 +184,7 @@ class InFlight:
     async def answered(self) -> None:
         """Wait until the calls in flight now have returned, ``bound_s`` at most."""
         loop = asyncio.get_running_loop()
-        ending = {call.ended for call in self.calls if call.ended.get_loop() is loop}
+        ending = {call.ended() for call in self.calls if call.loop is loop}
         if ending:
             await asyncio.wait(ending, timeout=self._bound_s)
 
@@ -214,6 +227,12 @@ class Fetcher:
         #: Every lane made, and the ones no fetch is using (thread mode).
         self._lanes: list[Lane] = []
         self._idle: list[Lane] = []
+        #: The connections of the fetches the loop sends.
+        self._worker_pool = conn.connection_pool
+        self._pool: Any = _fetch_pool(conn.connection_pool)
+        #: The fetches the loop sent and has not read yet (with renewal on).
+        renewals = owner.connection
+        self._flights = None if renewals is None else Flights(owner, renewals)
 
     async def run(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
         """Run the script as the worker's own client would, from the worker's loop."""
@@ -226,6 +245,8 @@ class Fetcher:
         taker = None if token is None else self._owner.taker()
         if taker is not None and token is not None:
             answer, taken = await self._take(taker, keys, args, token)
+        elif token is not None and self._flights is not None and self.replicas is None:
+            answer, taken = await self._fetch_here(keys, args, token)
         else:
             fetch = self._lane().send(keys, args, token)
             try:
@@ -237,6 +258,75 @@ class Fetcher:
         if taken is not None and call is not None:
             call.took.append(taken)
         return answer
+
+    async def _fetch_here(
+        self, keys: list[Any], args: list[Any], token: str
+    ) -> tuple[Any, tuple[str, str] | None]:
+        """Send the fetch from the loop on a connection of the worker's client, and read it there.
+
+        The fetch is in :class:`Flights` from just before it is written until
+        its answer is read: if the loop is held meanwhile, a thread finds the
+        job by its token and has it renewed. An answer read long after the
+        send (the loop was held before the write, or after it) has its lock's
+        age read back: the lock is trusted from when it was taken, not from
+        a send that may have waited. As the lanes, it is never retried: a
+        second run would take a second job.
+        """
+        flights = self._flights
+        assert flights is not None
+        pool = self._pool
+        connection = await pool.get_connection()
+        flight: Flight | None = None
+        try:
+            flight = flights.start(token)
+            answer = await self._send_here(connection, keys, args)
+            found = flights.end(flight)
+            job_id = _job_id(answer)
+            sent = flight.sent
+            if job_id is not None and found is None and flights.late(flight):
+                sent = await self._taken_at(connection, job_id, sent)
+        except BaseException:
+            # The answer may be unread: the connection is of no further use.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(connection.disconnect())
+            found = None if flight is None else flights.end(flight)
+            if found is not None:
+                # Nobody will process what it took: the lock expires.
+                self._owner.abandoned(found, token)
+            raise
+        finally:
+            await pool.release(connection)
+        if found is not None and found != job_id:
+            self._owner.abandoned(found, token)
+        if job_id is None:
+            return answer, None
+        if found != job_id:
+            self._owner.taken(job_id, token, *sent)
+        return answer, (job_id, token)
+
+    async def _taken_at(
+        self, connection: Any, job_id: str, sent: tuple[int, int]
+    ) -> tuple[int, int]:
+        """When the job's lock was taken, at the latest: from its TTL, or the fetch's send."""
+        asked = _now()
+        try:
+            await connection.send_command("PTTL", self._owner.keys.lock(job_id), check_health=False)
+            pttl = int(await connection.read_response())
+        except Exception:
+            return sent  # the send, which the taking followed
+        return taken_at(sent, asked, pttl, self._owner.lock_duration)
+
+    async def _send_here(self, connection: Any, keys: list[Any], args: list[Any]) -> Any:
+        script = self._script
+        packed = connection.pack_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        await connection.send_packed_command(packed, check_health=False)
+        try:
+            return await connection.read_response()
+        except redis.exceptions.NoScriptError:
+            # Not run: run the script itself (the server then keeps it).
+            packed = connection.pack_command("EVAL", script.script, len(keys), *keys, *args)
+            await connection.send_packed_command(packed, check_health=False)
+            return await connection.read_response()
 
     def _lane(self) -> Lane:
         """An idle lane, or a new one (each fetch in flight has its own)."""
@@ -271,13 +361,13 @@ class Fetcher:
         may undo it, so the run is told ``"unconfirmed"`` at once.
         """
         answer = _decoded(reply, self._decode)
-        taken = None
-        if token is not None and isinstance(answer, list) and len(answer) > 1 and answer[1]:
-            taken = (str(answer[1]), token)
-            if shortfall is not None:
-                sent = untrusted_take(taken[0], sent, shortfall, self._owner.lock_duration)
-            self._owner.taken(*taken, *sent)
-        return answer, taken
+        job_id = None if token is None else _job_id(answer)
+        if job_id is None or token is None:
+            return answer, None
+        if shortfall is not None:
+            sent = untrusted_take(job_id, sent, shortfall, self._owner.lock_duration)
+        self._owner.taken(job_id, token, *sent)
+        return answer, (job_id, token)
 
     async def _take(
         self,
@@ -356,10 +446,18 @@ class Fetcher:
         """The synchronous copy of the worker's client whose pool makes the lanes' connections."""
         return self._client
 
+    async def disconnect(self) -> None:
+        """Close the connections of the loop's fetches (on the loop, once closed)."""
+        if self._pool is not self._worker_pool:
+            with contextlib.suppress(Exception):
+                await self._pool.disconnect()
+
     def close(self) -> None:
         """End the fetch threads: a fetch still waiting on the server is cut off."""
         self._closed = True
         self._idle.clear()
+        if self._flights is not None:
+            self._flights.close()
         for take in list(self._taking):
             take.cancel()
         lanes = list(self._lanes)
@@ -370,6 +468,109 @@ class Fetcher:
         for lane in lanes:
             lane.join(max(0.0, deadline - time.monotonic()))
         self._client.close()
+
+
+#: How often the fetches in flight are looked at, at most, in milliseconds.
+FLIGHT_CHECK_MS = 1000
+
+
+@dataclass(slots=True, eq=False)
+class Flight:
+    """A fetch the loop sent: its token, when, and the job a search found it took."""
+
+    token: str
+    #: (monotonic ms, wall ms) before the send: the lock was taken after both.
+    sent: tuple[int, int]
+    #: The job whose lock holds the token, once :class:`Flights` found it.
+    found: str | None = None
+
+
+class Flights:
+    """The fetches the worker's loop sent itself, until it reads their answers.
+
+    The loop reads a fetch's answer as the stock worker does: tracking costs
+    it two dictionary writes. A processor that blocks the loop would leave the
+    job a fetch took unrenewed, its answer unread: so a thread looks at the
+    fetches in flight every eighth of the lock's duration (a second at most),
+    and finds the jobs of those sent at least that long ago by their tokens
+    (``findTaken-1.lua``). Each job found is tracked from its fetch's send,
+    as the loop would have, before its first renewal is due.
+    """
+
+    def __init__(self, owner: Owner, conn: redis.Redis | redis.RedisCluster) -> None:
+        self._owner = owner
+        self._conn = conn
+        self._every_ms = max(1, min(FLIGHT_CHECK_MS, owner.lock_duration // 8))
+        #: Held to add, end or mark a flight: a found job is tracked under it.
+        self._lock = threading.Lock()
+        self._flying: set[Flight] = set()
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, token: str) -> Flight:
+        """A fetch with ``token`` is about to be sent (on the loop)."""
+        flight = Flight(token, _now())
+        with self._lock:
+            self._flying.add(flight)
+            if self._thread is None and not self._closed.is_set():
+                name = f"bullmq-flights-{self._owner.keys.name}"
+                self._thread = threading.Thread(target=self._watch, name=name, daemon=True)
+                self._thread.start()
+        return flight
+
+    def late(self, flight: Flight) -> bool:
+        """Whether ``flight`` was sent long enough ago for its job to be looked for."""
+        return monotonic_ms() - flight.sent[0] >= self._every_ms
+
+    def end(self, flight: Flight) -> str | None:
+        """The loop read ``flight``'s answer (or gave it up): the job found for it, if any."""
+        with self._lock:
+            self._flying.discard(flight)
+            return flight.found
+
+    def _watch(self) -> None:
+        every_s = self._every_ms / 1000
+        while not self._closed.wait(every_s):
+            now = monotonic_ms()
+            with self._lock:
+                late = [
+                    f for f in self._flying if f.found is None and now - f.sent[0] >= self._every_ms
+                ]
+            if late:
+                self._find(late)
+
+    def _find(self, late: list[Flight]) -> None:
+        keys = self._owner.keys
+        asked = _now()
+        try:
+            found = find_taken(self._conn, keys, [flight.token for flight in late])
+        except Exception:
+            logger.warning(
+                "queue %r: could not look for the jobs of %d fetches whose answers wait for "
+                "the event loop; looking again in %d ms",
+                keys.name,
+                len(late),
+                self._every_ms,
+                exc_info=True,
+                extra={"queue": keys.name},
+            )
+            return
+        lock_duration = self._owner.lock_duration
+        for flight, held in zip(late, found, strict=True):
+            if held is None:
+                continue
+            job_id, pttl = held
+            sent = taken_at(flight.sent, asked, pttl, lock_duration)
+            with self._lock:
+                if flight not in self._flying:
+                    continue  # read by the loop meanwhile, which tracked it
+                flight.found = job_id
+                # Under the lock: an end that sees the job found comes after its track.
+                self._owner.taken(job_id, flight.token, *sent, late=True)
+
+    def close(self) -> None:
+        """Stop looking (the thread ends within one look)."""
+        self._closed.set()
 
 
 class Lane:
@@ -513,6 +714,24 @@ class Lane:
             self._thread.join(timeout)
 
 
+def taken_at(
+    sent: tuple[int, int], asked: tuple[int, int], pttl: int, lock_ms: int
+) -> tuple[int, int]:
+    """When a lock was taken, at the latest: ``sent`` (the fetch's send), or later by its TTL.
+
+    ``pttl`` is the lock's TTL read by a command sent at ``asked``: the lock
+    then expires no sooner than ``asked + pttl``, so it was taken (or last
+    renewed) no sooner than that, less ``lock_ms``. Both as (monotonic ms,
+    wall ms).
+    """
+    if pttl <= 0:
+        return sent
+    shift = asked[0] + pttl - lock_ms - sent[0]
+    if shift <= 0:
+        return sent
+    return sent[0] + shift, sent[1] + shift
+
+
 def _now() -> tuple[int, int]:
     """(monotonic ms, wall ms) now."""
     return monotonic_ms(), time.time_ns() // 1_000_000
@@ -552,6 +771,19 @@ def _let_go(take: concurrent.futures.Future[Taken]) -> None:
         take.result().let_go()
 
 
+def _fetch_pool(pool: Any) -> Any:
+    """Connections like the worker's for its fetches: the same server and settings, no name.
+
+    bullmq names its own connections (``getWorkers`` lists them); a fetch's
+    is not a worker. A pool of another kind (Sentinel's) is shared as it is.
+    """
+    if type(pool) is not redis.asyncio.ConnectionPool:
+        return pool
+    settings = {**pool.connection_kwargs}
+    settings.pop("client_name", None)
+    return redis.asyncio.ConnectionPool(connection_class=pool.connection_class, **settings)
+
+
 def _portable_settings(client: redis.Redis) -> dict[str, Any] | None:
     """The client's settings, if another process can build a client from them."""
     try:
@@ -560,6 +792,13 @@ def _portable_settings(client: redis.Redis) -> dict[str, Any] | None:
     except Exception:
         return None  # the child then takes through the renewal's server
     return settings
+
+
+def _job_id(answer: Any) -> str | None:
+    """The id of the job a fetch's answer hands on, if any (its second entry)."""
+    if isinstance(answer, list) and len(answer) > 1 and answer[1]:
+        return str(answer[1])
+    return None
 
 
 def _decoded(reply: Any, decode: Callable[[Any], Any]) -> Any:
@@ -578,14 +817,13 @@ def moving(
     job stays tracked if its lock, read back, holds the run's token or
     cannot be read.
     """
-    signature = inspect.signature(move)
+    read = _reader(inspect.signature(move))
 
     @functools.wraps(move)
     async def moved(*args: Any, **kwargs: Any) -> Any:
-        given = signature.bind(*args, **kwargs)
-        job = given.arguments.get("job")
-        job_id = str(given.arguments["job_id"] if job is None else job.id)
-        token = str(given.arguments.get("token", "0"))
+        job, job_id, token = read(args, kwargs)
+        job_id = str(job_id if job is None else job.id)
+        token = str("0" if token is None else token)
         if not owner.moving(job_id, token):
             return await move(*args, **kwargs)
         stayed = False
@@ -601,6 +839,43 @@ def moving(
             owner.moved(job_id, token, stayed=stayed)
 
     return moved
+
+
+def _reader(
+    signature: inspect.Signature,
+) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, Any, Any]]:
+    """What reads a move's ``job``, ``job_id`` and ``token`` from its arguments (each or ``None``).
+
+    By position or keyword, as the call binds them; a call that does not
+    bind (a missing argument) goes through ``signature.bind``, which raises.
+    Read on every move: ``bind`` costs a small job a hundredth of its time.
+    """
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = [p.name for p in signature.parameters.values() if p.kind in kinds]
+    names = ("job", "job_id", "token")
+    at = {name: positional.index(name) for name in names if name in positional}
+    required = {
+        p.name
+        for p in signature.parameters.values()
+        if p.kind in kinds and p.default is inspect.Parameter.empty
+    }
+
+    def read(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any, Any]:
+        if len(args) > len(positional) or (len(args) + len(kwargs) < len(required)):
+            given = signature.bind(*args, **kwargs).arguments
+            return given.get("job"), given.get("job_id"), given.get("token")
+        values = []
+        for name in names:
+            index = at.get(name)
+            if name in kwargs:
+                values.append(kwargs[name])
+            elif index is not None and index < len(args):
+                values.append(args[index])
+            else:
+                values.append(None)
+        return values[0], values[1], values[2]
+
+    return read
 
 
 #: How many of the run loop's latest tokens :class:`RunTokens` remembers.

@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import threading
 from typing import TYPE_CHECKING, Any
 
 import pykka
@@ -123,6 +124,8 @@ class ActorLockManager(TellsInBatches):
         #: Where the runs' tracks and untracks go to the manager, in one go per tick.
         self._outbox: Outbox | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: The thread the worker's loop runs on (once started).
+        self._loop_thread: int | None = None
         self._reader: concurrent.futures.ThreadPoolExecutor | None = None
         #: Each run's signal, by ``(job_id, token)``: a teller thread marks it lost at once.
         self._signals: dict[tuple[str, str], LockSignal] = {}
@@ -177,6 +180,7 @@ class ActorLockManager(TellsInBatches):
         if self.closing or self.connection is None or self.manager is not None:
             return
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self.manager = start_link(
             connection=self.connection,
             keys=self._keys,
@@ -306,7 +310,10 @@ class ActorLockManager(TellsInBatches):
                 self._changed = asyncio.Event()
             self._changed.clear()
             await self._changed.wait()
+        fetcher = self.fetcher
         self._finish(await off_the_loop(self._keys.name, self._release_all()))
+        if fetcher is not None:
+            await fetcher.disconnect()
 
     def _poke(self, *_: object) -> None:
         if self._changed is not None:
@@ -335,7 +342,7 @@ class ActorLockManager(TellsInBatches):
             return None
         return Trust(taken_ms, self._span, manager.clock)
 
-    def _track(self, job_id: str, token: str, trust: Trust | None) -> None:
+    def _track(self, job_id: str, token: str, trust: Trust | None, *, wake: bool = False) -> None:
         # Watched by this object (see tell): trusted only until its deadline,
         # which the manager's answer (the lock's Validity) gives the run's signal.
         # Read with the manager's next message or tick: the run trusts the
@@ -344,7 +351,7 @@ class ActorLockManager(TellsInBatches):
         if outbox is None or trust is None:
             return
         with contextlib.suppress(ManagerStopped):
-            trust.reply = outbox.put(TrackJob(job_id, token, trust.taken_ms, self))
+            trust.reply = outbox.put(TrackJob(job_id, token, trust.taken_ms, self), wake=wake)
 
     def _untrack(self, job_id: str, token: str) -> None:
         self._signals.pop((job_id, token), None)
@@ -396,13 +403,23 @@ class ActorLockManager(TellsInBatches):
         manager = self.manager
         return None if manager is None else manager.taker()
 
-    def taken(self, job_id: str, token: str, sent_ms: int, sent_wall_ms: int) -> None:
-        """Track a job the fetch took; runs on the fetch thread, when the server answers."""
+    def taken(
+        self, job_id: str, token: str, sent_ms: int, sent_wall_ms: int, *, late: bool = False
+    ) -> None:
+        """Track a job a fetch took, on the thread that read the answer (the loop's, or not).
+
+        A ``late`` track (found while the loop was held) wakes the manager,
+        whose next tick may come after the lock's first renewal is due.
+        """
         # Trusted from the fetch's send: the server took the lock after it.
         trust = self._trust(sent_ms)
+        run = Run(token, sent_wall_ms, trust=trust)
         # Handed to the loop first: the manager's reports on the run come after.
-        self._to_loop(self._fetched, job_id, Run(token, sent_wall_ms, trust=trust))
-        self._track(job_id, token, trust)
+        if threading.get_ident() == self._loop_thread:
+            self._fetched(job_id, run)
+        else:
+            self._to_loop(self._fetched, job_id, run)
+        self._track(job_id, token, trust, wake=late)
 
     async def taken_by_child(
         self, job_id: str, token: str, sent_ms: int, sent_wall_ms: int

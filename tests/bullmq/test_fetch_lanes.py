@@ -1,9 +1,10 @@
 """Fetches on connections of their own: what befalls one connection costs no job.
 
-In thread mode each fetch in flight has a connection of its own, read by a
-thread of its own. A connection cut under a fetch fails that fetch alone (the
-worker fetches again); a server that forgets the script runs it anew. Either
-way every job runs once and completes, and no lock is reported lost.
+In thread mode each fetch in flight has a connection of its own (the loop's,
+unnamed; a lane's, with ``replicas=``). A connection cut under a fetch fails
+that fetch alone (the worker fetches again); a server that forgets the script
+runs it anew. Either way every job runs once and completes, and no lock is
+reported lost.
 """
 
 from __future__ import annotations
@@ -167,8 +168,8 @@ def test_a_fetch_cut_in_flight_fails_and_its_job_runs_once_after_the_stalled_che
 def test_a_fetch_on_a_new_connection_is_stamped_when_it_is_sent_not_before_the_handshake(
     one_bench: Bench,
 ) -> None:
-    # Each new lane connects first: through a link that answers 300 ms late the
-    # handshake takes several round trips. A lock stamped before it would look
+    # Each new connection connects first: through a link that answers 300 ms late
+    # the handshake takes several round trips. A lock stamped before it would look
     # older than it is, and be reported lost while the server holds it.
     bench = one_bench
     ids = [bench.add_job({}) for _ in range(4)]
@@ -201,6 +202,7 @@ class _Owner:
     closing = False
     fetcher = None
     keys = QueueKeys("lanes", prefix="bull")
+    connection = None
 
     def taker(self) -> None:
         return None

@@ -46,6 +46,7 @@ def test_a_fetch_whose_answer_cannot_be_decoded_leaves_its_lock_to_expire(
         closing=False,
         fetcher=None,
         keys=KEYS,
+        connection=None,
         taker=manager.taker,
         taken=lambda *args: told.append(args),
         abandoned=lambda *args: told.append(args),
