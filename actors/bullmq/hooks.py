@@ -228,8 +228,10 @@ class Fetcher:
         self._lanes: list[Lane] = []
         self._idle: list[Lane] = []
         #: The connections of the fetches the loop sends.
-        self._worker_pool = conn.connection_pool
         self._pool: Any = _fetch_pool(conn.connection_pool)
+        #: The connections made for them, and those no fetch is using.
+        self._made: set[Any] = set()
+        self._idle_connections: list[Any] = []
         #: The fetches the loop sent and has not read yet (with renewal on).
         renewals = owner.connection
         self._flights = None if renewals is None else Flights(owner, renewals)
@@ -274,8 +276,7 @@ class Fetcher:
         """
         flights = self._flights
         assert flights is not None
-        pool = self._pool
-        connection = await pool.get_connection()
+        connection = await self._connection()
         flight: Flight | None = None
         try:
             flight = flights.start(token)
@@ -287,6 +288,7 @@ class Fetcher:
                 sent = await self._taken_at(connection, job_id, sent)
         except BaseException:
             # The answer may be unread: the connection is of no further use.
+            self._made.discard(connection)
             with contextlib.suppress(Exception):
                 await asyncio.shield(connection.disconnect())
             found = None if flight is None else flights.end(flight)
@@ -294,8 +296,11 @@ class Fetcher:
                 # Nobody will process what it took: the lock expires.
                 self._owner.abandoned(found, token)
             raise
-        finally:
-            await pool.release(connection)
+        if self._closed:
+            self._made.discard(connection)
+            await connection.disconnect()
+        else:
+            self._idle_connections.append(connection)
         if found is not None and found != job_id:
             self._owner.abandoned(found, token)
         if job_id is None:
@@ -315,6 +320,27 @@ class Fetcher:
         except Exception:
             return sent  # the send, which the taking followed
         return taken_at(sent, asked, pttl, self._owner.lock_duration)
+
+    async def _connection(self) -> Any:
+        """An idle connection of the loop's fetches, or a new one, connected.
+
+        Kept here, one per fetch in flight at most: a pool's bookkeeping would
+        cost a small job a fiftieth of its time.
+        """
+        idle = self._idle_connections
+        while idle:
+            connection = idle.pop()
+            if connection.is_connected:
+                return connection
+            self._made.discard(connection)
+        connection = self._pool.make_connection()
+        self._made.add(connection)
+        try:
+            await connection.connect()
+        except BaseException:
+            self._made.discard(connection)
+            raise
+        return connection
 
     async def _send_here(self, connection: Any, keys: list[Any], args: list[Any]) -> Any:
         script = self._script
@@ -448,9 +474,11 @@ class Fetcher:
 
     async def disconnect(self) -> None:
         """Close the connections of the loop's fetches (on the loop, once closed)."""
-        if self._pool is not self._worker_pool:
+        self._idle_connections.clear()
+        made, self._made = self._made, set()
+        for connection in made:
             with contextlib.suppress(Exception):
-                await self._pool.disconnect()
+                await connection.disconnect()
 
     def close(self) -> None:
         """End the fetch threads: a fetch still waiting on the server is cut off."""
@@ -772,10 +800,10 @@ def _let_go(take: concurrent.futures.Future[Taken]) -> None:
 
 
 def _fetch_pool(pool: Any) -> Any:
-    """Connections like the worker's for its fetches: the same server and settings, no name.
+    """What makes connections like the worker's for its fetches: same server and settings, no name.
 
     bullmq names its own connections (``getWorkers`` lists them); a fetch's
-    is not a worker. A pool of another kind (Sentinel's) is shared as it is.
+    is not a worker. A pool of another kind (Sentinel's) makes them as it is.
     """
     if type(pool) is not redis.asyncio.ConnectionPool:
         return pool

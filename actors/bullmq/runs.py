@@ -398,7 +398,10 @@ def _watch(job_id: str, run: Run, *, over: bool = False) -> None:
 
     Not once the run is ``over``, nor while a move of its own deletes the lock.
     """
-    signal = getattr(run.controller, "signal", None)
+    controller = run.controller
+    if controller is None:
+        return
+    signal = getattr(controller, "signal", None)
     if isinstance(signal, LockSignal):
         signal.watch(job_id, None if over or run.moving else run.trust)
 
