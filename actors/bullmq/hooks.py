@@ -23,6 +23,7 @@ import msgpack
 import pykka
 import redis
 import redis.asyncio
+import redis.asyncio.sentinel
 
 from actors.aio import call_in_loop, set_exception, set_result
 from actors.connection import client_for_url, client_like, client_settings, command_timeout
@@ -47,6 +48,7 @@ __all__ = [
     "RunTokens",
     "attempt",
     "hook_worker",
+    "move_reader",
     "must_wait",
     "next_job",
     "off_the_loop",
@@ -127,11 +129,13 @@ _CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
 class _Call:
     """One ``getNextJob`` call: what its fetches took, and whether one was sent."""
 
-    __slots__ = ("_ended", "in_flight", "loop", "took")
+    __slots__ = ("_ended", "in_flight", "loop", "took", "unique")
 
-    def __init__(self, in_flight: InFlight) -> None:
+    def __init__(self, in_flight: InFlight, *, unique: bool = False) -> None:
         #: (job id, token) of each job its fetches took.
         self.took: list[tuple[str, str]] = []
+        #: Whether its token is the run loop's, which no other fetch or run holds.
+        self.unique = unique
         #: The calls of the worker whose fetch was sent; this one joins once its own is.
         self.in_flight = in_flight
         #: The loop the call runs on.
@@ -247,7 +251,14 @@ class Fetcher:
         taker = None if token is None else self._owner.taker()
         if taker is not None and token is not None:
             answer, taken = await self._take(taker, keys, args, token)
-        elif token is not None and self._flights is not None and self.replicas is None:
+        elif (
+            token is not None
+            and call is not None
+            and call.unique
+            and self._flights is not None
+            and self.replicas is None
+        ):
+            # A token of the run loop's: the job whose lock holds it is this fetch's.
             answer, taken = await self._fetch_here(keys, args, token)
         else:
             fetch = self._lane().send(keys, args, token)
@@ -330,9 +341,13 @@ class Fetcher:
         idle = self._idle_connections
         while idle:
             connection = idle.pop()
-            if connection.is_connected:
-                return connection
+            # Closed by the server meanwhile (its idle timeout, a kill, a proxy): never sent on.
+            with contextlib.suppress(redis.exceptions.ConnectionError, OSError):
+                if connection.is_connected and not await _can_read(connection):
+                    return connection
             self._made.discard(connection)
+            with contextlib.suppress(Exception):
+                await connection.disconnect()
         connection = self._pool.make_connection()
         self._made.add(connection)
         try:
@@ -511,6 +526,10 @@ class Flight:
     sent: tuple[int, int]
     #: The job whose lock holds the token, once :class:`Flights` found it.
     found: str | None = None
+    #: When to look for it next (monotonic ms; 0: one look period after the send), and
+    #: how many looks found nothing.
+    look_at: int = 0
+    misses: int = 0
 
 
 class Flights:
@@ -534,6 +553,8 @@ class Flights:
         self._flying: set[Flight] = set()
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
+        #: Whether the last look failed (its warning was logged).
+        self._failing = False
 
     def start(self, token: str) -> Flight:
         """A fetch with ``token`` is about to be sent (on the loop)."""
@@ -557,12 +578,14 @@ class Flights:
             return flight.found
 
     def _watch(self) -> None:
-        every_s = self._every_ms / 1000
+        every, every_s = self._every_ms, self._every_ms / 1000
         while not self._closed.wait(every_s):
             now = monotonic_ms()
             with self._lock:
                 late = [
-                    f for f in self._flying if f.found is None and now - f.sent[0] >= self._every_ms
+                    f
+                    for f in self._flying
+                    if f.found is None and now >= (f.look_at or f.sent[0] + every)
                 ]
             if late:
                 self._find(late)
@@ -573,7 +596,10 @@ class Flights:
         try:
             found = find_taken(self._conn, keys, [flight.token for flight in late])
         except Exception:
-            logger.warning(
+            # Said once a failing spell: the loop may stay held while the server is away.
+            log = logger.debug if self._failing else logger.warning
+            self._failing = True
+            log(
                 "queue %r: could not look for the jobs of %d fetches whose answers wait for "
                 "the event loop; looking again in %d ms",
                 keys.name,
@@ -583,6 +609,16 @@ class Flights:
                 extra={"queue": keys.name},
             )
             return
+        self._failing = False
+        # A fetch that took nothing is looked for less and less often: each
+        # look walks the active list. One the server ran late is still found
+        # within a quarter of the lock's duration of its taking.
+        longest = max(self._every_ms, self._owner.lock_duration // 4)
+        for flight, held in zip(late, found, strict=True):
+            if held is None:
+                flight.misses += 1
+                pause = min(longest, self._every_ms << min(flight.misses, 16))
+                flight.look_at = asked[0] + pause
         lock_duration = self._owner.lock_duration
         for flight, held in zip(late, found, strict=True):
             if held is None:
@@ -799,13 +835,20 @@ def _let_go(take: concurrent.futures.Future[Taken]) -> None:
         take.result().let_go()
 
 
+async def _can_read(connection: Any) -> bool:
+    """Whether an idle connection has something to read (the server closed it, say)."""
+    # can_read is redis-py 8's name; can_read_destructive the earlier one.
+    check = getattr(connection, "can_read", None) or connection.can_read_destructive
+    return bool(await check())
+
+
 def _fetch_pool(pool: Any) -> Any:
     """What makes connections like the worker's for its fetches: same server and settings, no name.
 
     bullmq names its own connections (``getWorkers`` lists them); a fetch's
-    is not a worker. A pool of another kind (Sentinel's) makes them as it is.
+    is not a worker. A Sentinel pool, which finds the primary, makes them as it is.
     """
-    if type(pool) is not redis.asyncio.ConnectionPool:
+    if isinstance(pool, redis.asyncio.sentinel.SentinelConnectionPool):
         return pool
     settings = {**pool.connection_kwargs}
     settings.pop("client_name", None)
@@ -845,7 +888,7 @@ def moving(
     job stays tracked if its lock, read back, holds the run's token or
     cannot be read.
     """
-    read = _reader(inspect.signature(move))
+    read = move_reader(inspect.signature(move))
 
     @functools.wraps(move)
     async def moved(*args: Any, **kwargs: Any) -> Any:
@@ -869,7 +912,7 @@ def moving(
     return moved
 
 
-def _reader(
+def move_reader(
     signature: inspect.Signature,
 ) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, Any, Any]]:
     """What reads a move's ``job``, ``job_id`` and ``token`` from its arguments (each or ``None``).
@@ -888,7 +931,18 @@ def _reader(
         if p.kind in kinds and p.default is inspect.Parameter.empty
     }
 
+    job_at, id_at, token_at = (at.get(name, len(positional)) for name in names)
+    # The common call: every argument by position, up to the token at least.
+    reach = max((i for i in (job_at, id_at, token_at) if i < len(positional)), default=-1)
+
     def read(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any, Any]:
+        if not kwargs and reach < len(args) <= len(positional):
+            last = len(positional)
+            return (
+                args[job_at] if job_at < last else None,
+                args[id_at] if id_at < last else None,
+                args[token_at] if token_at < last else None,
+            )
         if len(args) > len(positional) or (len(args) + len(kwargs) < len(required)):
             given = signature.bind(*args, **kwargs).arguments
             return given.get("job"), given.get("job_id"), given.get("token")
@@ -930,6 +984,10 @@ class RunTokens:
         #: How many fetches took each recent run-loop token (the oldest forgotten first).
         self._used: dict[str, int] = {}
 
+    def owns(self, token: object) -> bool:
+        """Whether ``token`` has the run loop's shape: no other fetch of the worker has it."""
+        return isinstance(token, str) and token.startswith(self._prefix)
+
     def own(self, token: str) -> str:
         """Return the token a fetch asked to take a job with ``token`` takes it with."""
         if not isinstance(token, str) or not token.startswith(self._prefix):
@@ -958,7 +1016,7 @@ def next_job(
     @functools.wraps(get_next_job)
     async def fetched(token: str) -> Any:
         token = tokens.own(token)
-        call = _Call(in_flight)
+        call = _Call(in_flight, unique=tokens.owns(token))
         reset = _CALL.set(call)
         job = None
         try:

@@ -1,21 +1,31 @@
 """The fetches the loop sends itself: found by their tokens when the loop cannot read them.
 
 ``find_taken`` runs ``findTaken-1.lua`` on a real server; ``taken_at`` is the
-arithmetic that dates a lock found late by its TTL.
+arithmetic that dates a lock found late by its TTL. Then the worker's side:
+a token two fetches share, and a fetch connection the server closed while idle.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from bullmq import Worker
 
+from actors.bullmq import use_actor_lock_manager
 from actors.bullmq.hooks import taken_at
 from actors.keys import QueueKeys
 from actors.scripts import find_taken
+from tests.bullmq.harness import PREFIX, LoopThread, wait_until
+from tests.bullmq.slowlink import slow_link
+from tests.bullmq.test_fetch_lanes import cut_fetch_connections, renewal_client
 
 if TYPE_CHECKING:
     import redis
+
+    from tests.bullmq.harness import Bench
 
 KEYS = QueueKeys("flights", prefix="bull")
 LOCK_MS = 30_000
@@ -78,3 +88,102 @@ def test_a_lock_found_late_is_trusted_from_its_taking_never_later(
     sent: tuple[int, int], asked: tuple[int, int], pttl: int, expected: tuple[int, int]
 ) -> None:
     assert taken_at(sent, asked, pttl, LOCK_MS) == expected
+
+
+#: The workers' lock duration below, in milliseconds.
+WORKER_LOCK_MS = 1000
+#: How late the slow link hands each reply on, and how long the loop is held, in
+#: ms and s: the reply comes while the loop is held, after a look for its job.
+REPLY_DELAY_MS = 200
+HOLD_S = 0.6
+
+
+def test_a_job_processed_by_hand_keeps_its_lock_beside_a_fetch_with_its_token(
+    one_bench: Bench,
+) -> None:
+    # Given a job fetched by hand with a token of the caller's (bullmq's manual
+    # processing), still being processed, by a worker whose replies come late,
+    bench = one_bench
+    bench.control()
+    loop = LoopThread("by-hand")
+    told: list[Any] = []
+    token = "my-token"
+    with slow_link(bench.url, REPLY_DELAY_MS) as (url, _):
+
+        async def start() -> Any:
+            options = {"connection": url, "prefix": PREFIX, "autorun": False}
+            worker = Worker(bench.queue, None, {**options, "lockDuration": WORKER_LOCK_MS})
+            # Renewals straight to the server: only the worker's replies are late.
+            use_actor_lock_manager(worker, connection=bench.url)
+            for event in ("lockRenewalFailed", "error"):
+                worker.on(event, lambda *args, event=event: told.append((event, args)))
+            worker.lockManager.start()
+            return worker
+
+        worker = loop.call(start)
+        try:
+            job_id = bench.add_job({})
+            lock = bench.key(job_id, "lock")
+
+            async def fetch() -> Any:
+                return await worker.getNextJob(token)
+
+            assert str(loop.call(fetch).id) == job_id
+
+            # When a second fetch with the same token finds the queue empty, and
+            # the loop is held while its answer is on its way (a processor
+            # calling time.sleep),
+            async def fetch_then_hold() -> Any:
+                second = asyncio.ensure_future(worker.getNextJob(token))
+                for _ in range(10):
+                    await asyncio.sleep(0)
+                time.sleep(HOLD_S)
+                return await second
+
+            assert loop.call(fetch_then_hold) is None
+
+            # Then the first job's lock goes on being renewed: three lock durations.
+            until = time.monotonic() + 3 * WORKER_LOCK_MS / 1000
+            while time.monotonic() < until:
+                assert bench.client.get(lock) == token, "the job's lock was let go"
+                time.sleep(0.02)
+            assert told == []
+        finally:
+
+            async def close() -> None:
+                await asyncio.wait_for(worker.close(force=True), 10)
+
+            try:
+                loop.call(close)
+            finally:
+                loop.close()
+
+
+def test_a_fetch_connection_the_server_closed_while_idle_is_not_used_again(
+    one_bench: Bench,
+) -> None:
+    # Given a worker that has fetched, whose idle fetch connection the server
+    # then closes (its idle timeout, CLIENT KILL, a proxy's cut),
+    bench = one_bench
+    done: list[str] = []
+
+    async def process(job: Any, token: str) -> str:
+        done.append(str(job.id))
+        return "done"
+
+    first = bench.add_job({})
+    worker = bench.start_worker(
+        "A",
+        process,
+        {"lockDuration": WORKER_LOCK_MS, "concurrency": 1},
+        actor=True,
+        connection_for_renewal=renewal_client(bench),
+    )
+    wait_until(lambda: first in done, 10, "the first job to run")
+    wait_until(lambda: cut_fetch_connections(bench.client) > 0, 10, "a fetch connection to cut")
+
+    # When a job is added, the next fetch takes it at once, on a new connection:
+    # no fetch fails, and the worker does not wait bullmq's runRetryDelay (15 s).
+    second = bench.add_job({})
+    wait_until(lambda: second in done, 5, "the second job to run")
+    assert worker.events.of("error") == []
