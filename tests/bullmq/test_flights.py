@@ -175,12 +175,19 @@ def test_a_fetch_connection_the_server_closed_while_idle_is_not_used_again(
     worker = bench.start_worker(
         "A",
         process,
-        {"lockDuration": WORKER_LOCK_MS, "concurrency": 1},
+        # No idle fetch for 30 s: a fetch in flight is not what is cut here.
+        {"lockDuration": WORKER_LOCK_MS, "concurrency": 1, "drainDelay": 30},
         actor=True,
         connection_for_renewal=renewal_client(bench),
     )
     wait_until(lambda: first in done, 10, "the first job to run")
-    wait_until(lambda: cut_fetch_connections(bench.client) > 0, 10, "a fetch connection to cut")
+    # Idle: bullmq waits for jobs (BZPOPMIN), no fetch is in flight.
+    wait_until(
+        lambda: any(c.get("cmd") == "bzpopmin" for c in bench.client.client_list()),
+        10,
+        "the worker to wait for jobs",
+    )
+    assert cut_fetch_connections(bench.client) > 0, "no idle fetch connection to cut"
 
     # When a job is added, the next fetch takes it at once, on a new connection:
     # no fetch fails, and the worker does not wait bullmq's runRetryDelay (15 s).
