@@ -87,6 +87,23 @@ def test_a_track_waits_in_the_outbox_until_the_next_message_and_keeps_its_time(
     assert reply.value.deadline > taken + INTERVAL
 
 
+@pytest.mark.parametrize("first", [True, False], ids=["first-put", "later-put"])
+def test_a_put_with_wake_is_read_at_once_with_what_waits_before_it(
+    manual: Manual, first: bool
+) -> None:
+    # Given tracks waiting in the outbox (or none), with no tick due,
+    outbox = manual.manager.outbox()
+    now = manual.clock.now
+    waiting = [] if first else [outbox.put(TrackJob(f"w{n}", "t", now)) for n in range(3)]
+    # When a late track is put with wake,
+    late = outbox.put(TrackJob("late", "t", manual.clock.now, Inbox()), wake=True)
+    # Then the manager reads it, and everything put before it, with no tick (the
+    # manual timer never fires by itself).
+    wait_for(lambda: late.value is not UNREAD, WAIT_S, "the woken manager to read the track")
+    assert isinstance(late.value, Validity)
+    assert all(reply.value is not UNREAD for reply in waiting)
+
+
 def test_the_outbox_is_read_before_any_message_sent_after_it(manual: Manual) -> None:
     outbox = manual.manager.outbox()
     outbox.put(TrackJob("a", "t"))
